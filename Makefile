@@ -1,0 +1,42 @@
+# ckpt-rollout — every set-up step a fresh machine needs lives here or in scripts it calls.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+CRD_FILE := crds/checkpointrollouts.rollout.ckpt.dev.yaml
+PYPATHS := operator:worker_image:e2e
+
+.PHONY: install test unit lint crds verify demo clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade --quiet pip
+	$(BIN)/pip install --quiet -e '.[operator,agent,dev]'
+	touch $@
+
+# README's test command: lint, types, layering, then every test tier that runs without Docker.
+test: install provision lint
+	$(BIN)/pytest
+
+unit: install
+	$(BIN)/pytest tests
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	PYTHONPATH=$(PYPATHS) $(BIN)/mypy
+	PYTHONPATH=$(PYPATHS) $(BIN)/lint-imports
+
+crds: install
+	$(BIN)/ckpt-rollout crd > $(CRD_FILE)
+
+# Regenerates every generated file and fails if the committed copies differ.
+verify: crds
+	git diff --exit-code -- crds/
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+-include e2e/cluster.mk

@@ -1,0 +1,29 @@
+"""Names shared by the operator, the agent and the generated CRD."""
+
+GROUP = "rollout.ckpt.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "CheckpointRollout"
+PLURAL = "checkpointrollouts"
+SINGULAR = "checkpointrollout"
+SHORT_NAMES = ["ckr"]
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+# Pod condition the agent sets; usable as a readiness gate so a pod serving stale or
+# half-loaded weights is never Ready.
+WEIGHTS_READY_CONDITION = f"{GROUP}/WeightsReady"
+
+DEFAULT_AGENT_PORT = 8089
+# Audience of the projected token the operator presents to agents: a token minted for the
+# apiserver must not be replayable against the agents, and vice versa.
+DEFAULT_AGENT_AUDIENCE = "ckpt-rollout-agent"
+
+# One char class, bounded length, and no path separators: the version is used as a directory
+# name by sources and as a label-ish identifier in status.
+VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+PERCENT_PATTERN = r"^(100|[1-9][0-9]?)%$"
+PERCENT_OR_ZERO_PATTERN = r"^(100|[1-9]?[0-9])%$"
+DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
+SOURCE_SCHEMES = ("mooncake", "http", "https", "file")
+SOURCE_URI_PATTERN = r"^(mooncake|http|https|file)://[^\s]+$"
+MAX_WAVES = 20

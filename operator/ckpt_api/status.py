@@ -1,0 +1,98 @@
+"""CheckpointRollout status: what users, kubectl, kstatus and a restarted operator read."""
+
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import ConfigDict, Field
+
+from ckpt_api.base import ApiModel
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    PROGRESSING = "Progressing"
+    PAUSED = "Paused"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    ROLLING_BACK = "RollingBack"
+    ROLLED_BACK = "RolledBack"
+
+
+TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED, Phase.ROLLED_BACK})
+
+
+class WorkerPhase(StrEnum):
+    PENDING = "Pending"
+    LOADING = "Loading"
+    UPDATED = "Updated"
+    FAILED = "Failed"
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Condition(ApiModel):
+    """metav1.Condition."""
+
+    type: Annotated[str, Field(min_length=1, max_length=316)]
+    status: ConditionStatus
+    reason: Annotated[str, Field(min_length=1, max_length=1024)]
+    message: Annotated[str, Field(max_length=32768)] = ""
+    last_transition_time: str
+    observed_generation: Annotated[int | None, Field(ge=0)] = None
+
+
+class WorkerStatus(ApiModel):
+    """One pod's outcome, written by its agent (push) or by the operator (pull fallback)."""
+
+    version: str | None = None
+    phase: WorkerPhase = WorkerPhase.PENDING
+    reason: str | None = None
+    message: str | None = None
+    checksum_verified: bool | None = None
+    bytes: Annotated[int | None, Field(ge=0)] = None
+    seconds: Annotated[float | None, Field(ge=0)] = None
+    last_transition_time: str | None = None
+    wave: Annotated[int | None, Field(ge=0)] = None
+    uid: str | None = None
+
+
+class WaveStatus(ApiModel):
+    """Membership and progress of one wave: persisted so a restarted operator neither skips a
+    wave nor calls a worker twice for the same version."""
+
+    index: Annotated[int, Field(ge=0)]
+    target: Annotated[int, Field(ge=0, description="Cumulative pods updated after this wave")]
+    pods: list[str] = []
+    called: Annotated[list[str], Field(description="Pods already sent update_weights")] = []
+    phase: WorkerPhase = WorkerPhase.PENDING
+    started_at: str | None = None
+    completed_at: str | None = None
+
+
+class CheckpointRolloutStatus(ApiModel):
+    # Tolerate fields a newer operator added, so an older reader still parses the status.
+    model_config = ConfigDict(**{**ApiModel.model_config, "extra": "ignore"})
+
+    phase: Phase | None = None
+    observed_generation: int | None = None
+    target_version: str | None = None
+    stable_version: str | None = None
+    previous_version: str | None = None
+    current_wave: int | None = None
+    total_waves: int | None = None
+    replicas: int | None = None
+    updated_replicas: int | None = None
+    failed_replicas: int | None = None
+    rolled_back_replicas: int | None = None
+    conditions: list[Condition] = []
+    workers: dict[str, WorkerStatus] = {}
+    waves: list[WaveStatus] = []
+    started_at: str | None = None
+    completed_at: str | None = None
+    paused_seconds: Annotated[float | None, Field(ge=0)] = None
+    paused_at: str | None = None
+    message: str | None = None

@@ -1,0 +1,95 @@
+"""`ckpt-rollout` command line: one entry point for operator, agent, tooling and benches.
+
+Subcommands import their implementation lazily so `--help` and `crd` stay fast and work
+without paddle or a cluster client installed."""
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+Handler = Callable[[argparse.Namespace], int]
+
+# Subcommands announced in --help before they exist; each names the issue that brings it.
+PLANNED: dict[str, tuple[str, str]] = {
+    "operator": ("run the kopf operator", "#6"),
+    "status": ("show a rollout's waves and workers", "#6"),
+    "watch": ("follow a rollout until it ends", "#6"),
+    "pause": ("pause a rollout", "#7"),
+    "resume": ("resume a paused rollout", "#7"),
+    "promote": ("continue past a pauseAfterWave", "#7"),
+    "abort": ("stop a rollout and roll back", "#7"),
+}
+PLANNED_AGENT: dict[str, tuple[str, str]] = {
+    "publish": ("publish a checkpoint version (safetensors shards + manifest)", "#4"),
+    "serve": ("serve published versions over http", "#4"),
+    "agent": ("run the worker agent", "#4"),
+}
+PLANNED_BENCH: dict[str, tuple[str, str]] = {
+    "dataplane": ("transport and verify throughput", "#4"),
+    "fleet": ("source-only vs peer-relay fleet load time", "#5"),
+    "controlplane": ("operator overhead for N workers", "#7"),
+}
+
+
+def _not_implemented(name: str, issue: str) -> Handler:
+    def run(_args: argparse.Namespace) -> int:
+        print(f"ckpt-rollout {name}: not implemented yet (planned in issue {issue})", file=sys.stderr)
+        return 2
+
+    return run
+
+
+def _add_planned(
+    sub: "argparse._SubParsersAction[argparse.ArgumentParser]",
+    planned: dict[str, tuple[str, str]],
+    prefix: str = "",
+) -> None:
+    for name, (help_text, issue) in planned.items():
+        parser = sub.add_parser(name, help=f"{help_text} (planned: {issue})")
+        parser.set_defaults(func=_not_implemented(prefix + name, issue))
+
+
+def _print_help_of(parser: argparse.ArgumentParser) -> Handler:
+    def run(_args: argparse.Namespace) -> int:
+        parser.print_help()
+        return 2
+
+    return run
+
+
+def _crd(args: argparse.Namespace) -> int:
+    from ckpt_api.crd import render_crd
+
+    sys.stdout.write(render_crd())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ckpt-rollout",
+        description="Roll model checkpoints out to a running inference fleet in place, in waves.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    crd = sub.add_parser("crd", help="print the CheckpointRollout CRD (generated from the models)")
+    crd.set_defaults(func=_crd)
+    _add_planned(sub, PLANNED)
+    _add_planned(sub, PLANNED_AGENT)
+    bench = sub.add_parser("bench", help="benchmarks that print ratios against limits")
+    bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH")
+    _add_planned(bench_sub, PLANNED_BENCH, prefix="bench ")
+    bench.set_defaults(func=_print_help_of(bench))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Handler | None = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    return func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
