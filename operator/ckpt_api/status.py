@@ -28,6 +28,12 @@ class WorkerPhase(StrEnum):
     FAILED = "Failed"
 
 
+class WavePhase(StrEnum):
+    RUNNING = "Running"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+
+
 class ConditionStatus(StrEnum):
     TRUE = "True"
     FALSE = "False"
@@ -68,7 +74,10 @@ class WaveStatus(ApiModel):
     target: Annotated[int, Field(ge=0, description="Cumulative pods updated after this wave")]
     pods: list[str] = []
     called: Annotated[list[str], Field(description="Pods already sent update_weights")] = []
-    phase: WorkerPhase = WorkerPhase.PENDING
+    phase: WavePhase = WavePhase.RUNNING
+    updated: Annotated[int, Field(ge=0, description="Pods updated, folded out of workers")] = 0
+    failed: Annotated[int, Field(ge=0)] = 0
+    gone: Annotated[int, Field(ge=0, description="Members that disappeared mid-wave")] = 0
     started_at: str | None = None
     completed_at: str | None = None
 

@@ -11,7 +11,6 @@ Handler = Callable[[argparse.Namespace], int]
 
 # Subcommands announced in --help before they exist; each names the issue that brings it.
 PLANNED: dict[str, tuple[str, str]] = {
-    "operator": ("run the kopf operator", "#6"),
     "status": ("show a rollout's waves and workers", "#6"),
     "watch": ("follow a rollout until it ends", "#6"),
     "pause": ("pause a rollout", "#7"),
@@ -72,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     crd = sub.add_parser("crd", help="print the CheckpointRollout CRD (generated from the models)")
     crd.set_defaults(func=_crd)
+    from ckpt_rollout.runner import add_command as add_operator_command
+
+    add_operator_command(sub)
     _add_planned(sub, PLANNED)
     _add_planned(sub, PLANNED_AGENT)
     bench = sub.add_parser("bench", help="benchmarks that print ratios against limits")

@@ -1,0 +1,98 @@
+"""HTTP calls from the operator to worker agents (FastDeploy-style control API)."""
+
+import asyncio
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+
+class TokenFile:
+    """A projected service-account token: the kubelet rotates it, so re-read when it changes."""
+
+    def __init__(self, path: str | None) -> None:
+        self._path = path
+        self._mtime = -1.0
+        self._token: str | None = None
+
+    def get(self) -> str | None:
+        if not self._path:
+            return None
+        mtime = os.stat(self._path).st_mtime
+        if mtime != self._mtime:
+            with open(self._path, encoding="utf-8") as fh:
+                self._token = fh.read().strip()
+            self._mtime = mtime
+        return self._token
+
+
+@dataclass(frozen=True)
+class CallResult:
+    """Outcome of one HTTP call. ``status`` 0 means the agent could not be reached."""
+
+    status: int
+    body: dict[str, Any]
+    error: str = ""
+
+    @property
+    def accepted(self) -> bool:
+        return self.status in (200, 202)
+
+    @property
+    def busy(self) -> bool:
+        return self.status == 409
+
+
+class AgentClient:
+    def __init__(
+        self,
+        token: TokenFile,
+        *,
+        timeout_s: float = 10.0,
+        connect_attempts: int = 3,
+        max_connections: int = 256,
+    ) -> None:
+        self._token = token
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._attempts = connect_attempts
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+
+    def _headers(self) -> dict[str, str]:
+        token = self._token.get()
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    async def _ensure(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self._max_connections)
+            self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def _call(self, method: str, url: str, payload: dict[str, Any] | None) -> CallResult:
+        session = await self._ensure()
+        last_error = ""
+        # Only connection failures are retried (bounded, with backoff): an HTTP answer of any
+        # status is final, so a request is never applied twice because of a retry.
+        for attempt in range(self._attempts):
+            try:
+                async with session.request(method, url, json=payload, headers=self._headers()) as resp:
+                    try:
+                        body = await resp.json(content_type=None)
+                    except (ValueError, aiohttp.ContentTypeError):
+                        body = {"message": (await resp.text())[:500]}
+                    return CallResult(resp.status, body if isinstance(body, dict) else {"body": body})
+            except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+                last_error = f"{type(exc).__name__}: {exc}"
+                await asyncio.sleep(0.2 * 2**attempt)
+        return CallResult(0, {}, last_error or "unreachable")
+
+    async def update_weights(self, ip: str, port: int, body: dict[str, Any]) -> CallResult:
+        return await self._call("POST", f"http://{ip}:{port}/v1/update_weights", body)
+
+    async def status(self, ip: str, port: int) -> CallResult:
+        return await self._call("GET", f"http://{ip}:{port}/v1/status", None)
