@@ -1,0 +1,380 @@
+"""A real local control plane: etcd, kube-apiserver, controller-manager, scheduler and kwok.
+
+Everything binds to 127.0.0.1 on free ports and lives in one temp dir. kwok fakes the
+kubelets of `nodes` nodes whose podCIDRs lie in 127.0.0.0/8 (node i gets 127.<i+1>.0.0/16),
+so every pod's IP is a loopback address a test process can bind.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from . import versions
+from .kubeapi import ApiError, KubeAPI
+from .kwok_stages import stages_yaml
+from .pki import CertPair, ClusterPKI
+from .procs import WaitTimeout, free_ports, spawn, stop, wait_for
+
+NODE_ANNOTATION = "kwok.x-k8s.io/node"
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass
+class ClusterOptions:
+    nodes: int = 2
+    # Later benchmarks run up to 5000 pods; a /16 per node holds that many IPs.
+    max_pods_per_node: int = 5000
+    workdir: Path | None = None  # default: a fresh temp dir, removed on stop
+    keep_workdir: bool = False
+    start_timeout: float = 120.0
+
+
+@dataclass
+class _Component:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
+@dataclass
+class LocalCluster:
+    binaries: Mapping[str, Path]
+    options: ClusterOptions = field(default_factory=ClusterOptions)
+
+    def __post_init__(self) -> None:
+        self._components: list[_Component] = []
+        self._own_workdir = self.options.workdir is None
+        self.workdir = self.options.workdir or Path(tempfile.mkdtemp(prefix="ckpt-e2e-"))
+        self.kubeconfig = self.workdir / "admin.kubeconfig"
+        self.ports: dict[str, int] = {}
+        self.timings: dict[str, float] = {}
+        self.server = ""
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> LocalCluster:
+        t0 = time.monotonic()
+        try:
+            self._start(t0)
+        except BaseException:
+            self.stop()
+            raise
+        self.timings["total"] = time.monotonic() - t0
+        return self
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop components in reverse start order; each is SIGTERMed, then SIGKILLed."""
+        while self._components:
+            comp = self._components.pop()
+            stop(comp.proc, grace=10.0)
+        if self._own_workdir and not self.options.keep_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {c.name: c.proc.pid for c in self._components}
+
+    def admin_api(self) -> KubeAPI:
+        return KubeAPI(self.server, self.pki.ca_cert, self._admin.cert, self._admin.key)
+
+    # ------------------------------------------------------------------ steps
+
+    def _start(self, t0: float) -> None:
+        wd = self.workdir
+        self.pki = ClusterPKI(wd / "pki")
+        names = ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler")
+        self.ports = dict(zip(names, free_ports(len(names)), strict=True))
+        self.server = f"https://{LOOPBACK}:{self.ports['apiserver']}"
+        serving = self.pki.serving("apiserver", [LOOPBACK], ["localhost", "kubernetes.default.svc"])
+        self._admin = self.pki.client("admin", "ckpt-e2e-admin", ("system:masters",))
+
+        self._start_etcd()
+        self._start_apiserver(serving)
+        self.timings["apiserver_ready"] = time.monotonic() - t0
+
+        self._write_kubeconfig(self.kubeconfig, self._admin)
+        cm_kc = self._kubeconfig_for("controller-manager", "system:kube-controller-manager")
+        sched_kc = self._kubeconfig_for("scheduler", "system:kube-scheduler")
+        # kwok writes node and pod status; the admin group keeps it out of RBAC concerns.
+        kwok_kc = self._kubeconfig_for("kwok", "kwok-controller", ("system:masters",))
+        self._start_controller_manager(cm_kc)
+        self._start_scheduler(sched_kc)
+        self._start_kwok(kwok_kc)
+        self._create_nodes()
+        self._wait_ready()
+
+    def _spawn(self, name: str, argv: list[str]) -> _Component:
+        log = self.workdir / "logs" / f"{name}.log"
+        comp = _Component(name, spawn(argv, log, cwd=self.workdir), log)
+        self._components.append(comp)
+        return comp
+
+    def _wait(self, comp: _Component, check: object, what: str, timeout: float | None = None) -> None:
+        """Wait for `check()`; fail fast with the log tail if the process died meanwhile."""
+        assert callable(check)
+
+        def probe() -> bool:
+            if comp.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{comp.name} exited with {comp.proc.returncode} while waiting for {what}; "
+                    f"log tail ({comp.log}):\n{_tail(comp.log)}"
+                )
+            return bool(check())
+
+        try:
+            wait_for(probe, timeout or self.options.start_timeout, what, interval=0.1)
+        except WaitTimeout as exc:
+            raise WaitTimeout(f"{exc}; {comp.name} log tail:\n{_tail(comp.log)}") from None
+
+    def _start_etcd(self) -> None:
+        client = f"http://{LOOPBACK}:{self.ports['etcd']}"
+        peer = f"http://{LOOPBACK}:{self.ports['etcd-peer']}"
+        comp = self._spawn(
+            "etcd",
+            [
+                str(self.binaries["etcd"]),
+                "--name=ckpt-e2e",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=ckpt-e2e={peer}",
+                # Test data is disposable: skipping fsync makes etcd writes (and startup) fast.
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+        )
+        self._wait(comp, lambda: _http_ok(f"{client}/health"), "etcd /health")
+
+    def _start_apiserver(self, serving: CertPair) -> None:
+        issuer = self.server
+        comp = self._spawn(
+            "kube-apiserver",
+            [
+                str(self.binaries["kube-apiserver"]),
+                f"--etcd-servers=http://{LOOPBACK}:{self.ports['etcd']}",
+                f"--bind-address={LOOPBACK}",
+                f"--advertise-address={LOOPBACK}",
+                f"--secure-port={self.ports['apiserver']}",
+                f"--tls-cert-file={serving.cert}",
+                f"--tls-private-key-file={serving.key}",
+                f"--cert-dir={self.workdir / 'apiserver'}",
+                f"--client-ca-file={self.pki.ca_cert}",
+                "--authorization-mode=RBAC",
+                f"--service-account-issuer={issuer}",
+                f"--service-account-key-file={self.pki.sa_pub}",
+                f"--service-account-signing-key-file={self.pki.sa_key}",
+                f"--api-audiences={issuer}",
+                # Cluster IPs are only allocated, never routed: there is no kube-proxy.
+                "--service-cluster-ip-range=10.0.0.0/24",
+                # The endpoint reconciler would publish 127.0.0.1 for the kubernetes Service,
+                # which EndpointSlice validation rejects.
+                "--endpoint-reconciler-type=none",
+                "--allow-privileged=true",
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
+        api = self.admin_api()
+        self._wait(comp, lambda: api.ok("/readyz"), "kube-apiserver /readyz")
+
+    def _start_controller_manager(self, kubeconfig: Path) -> None:
+        self._spawn(
+            "kube-controller-manager",
+            [
+                str(self.binaries["kube-controller-manager"]),
+                f"--kubeconfig={kubeconfig}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                f"--bind-address={LOOPBACK}",
+                f"--secure-port={self.ports['controller-manager']}",
+                f"--cert-dir={self.workdir / 'controller-manager'}",
+                "--leader-elect=false",
+                # Signs the legacy token Secrets and publishes the CA into every namespace
+                # (kube-root-ca.crt), as on a real cluster.
+                f"--service-account-private-key-file={self.pki.sa_key}",
+                f"--root-ca-file={self.pki.ca_cert}",
+                # Each controller acts as its own ServiceAccount, so RBAC is exercised as usual.
+                "--use-service-account-credentials=true",
+                # Defaults (20 qps) make a 5000-pod ReplicaSet take minutes.
+                "--kube-api-qps=200",
+                "--kube-api-burst=400",
+                "--v=1",
+            ],
+        )
+
+    def _start_scheduler(self, kubeconfig: Path) -> None:
+        config = self.workdir / "scheduler-config.json"
+        config.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "kubescheduler.config.k8s.io/v1",
+                    "kind": "KubeSchedulerConfiguration",
+                    "clientConnection": {"kubeconfig": str(kubeconfig), "qps": 200, "burst": 400},
+                    "leaderElection": {"leaderElect": False},
+                }
+            )
+        )
+        self._spawn(
+            "kube-scheduler",
+            [
+                str(self.binaries["kube-scheduler"]),
+                f"--config={config}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                f"--bind-address={LOOPBACK}",
+                f"--secure-port={self.ports['scheduler']}",
+                f"--cert-dir={self.workdir / 'scheduler'}",
+                "--v=1",
+            ],
+        )
+
+    def _start_kwok(self, kubeconfig: Path) -> None:
+        stages = self.workdir / "kwok-stages.yaml"
+        stages.write_text(stages_yaml(self.options.max_pods_per_node, versions.KWOK))
+        self._spawn(
+            "kwok",
+            [
+                str(self.binaries["kwok"]),
+                f"--kubeconfig={kubeconfig}",
+                f"--config={stages}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={NODE_ANNOTATION}=fake",
+                f"--node-ip={LOOPBACK}",
+                # Fallback only: every node we create carries its own loopback podCIDR.
+                "--cidr=127.250.0.0/16",
+            ],
+        )
+
+    def _create_nodes(self) -> None:
+        api = self.admin_api()
+        for i in range(self.options.nodes):
+            name = f"kwok-node-{i}"
+            cidr = f"127.{i + 1}.0.0/16"
+            body = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "annotations": {NODE_ANNOTATION: "fake"},
+                    "labels": {
+                        "type": "kwok",
+                        "kubernetes.io/hostname": name,
+                        "kubernetes.io/os": "linux",
+                        "kubernetes.io/arch": "amd64",
+                    },
+                },
+                "spec": {"podCIDR": cidr, "podCIDRs": [cidr]},
+            }
+            try:
+                api.request("POST", "/api/v1/nodes", body)
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+
+    def _wait_ready(self) -> None:
+        api = self.admin_api()
+        by_name = {c.name: c for c in self._components}
+        for name in ("kube-controller-manager", "kube-scheduler"):
+            port = self.ports[name.removeprefix("kube-")]
+            self._wait(
+                by_name[name], lambda p=port: _http_ok(f"https://{LOOPBACK}:{p}/healthz"), f"{name} /healthz"
+            )
+
+        def nodes_ready() -> bool:
+            items = api.request("GET", "/api/v1/nodes")["items"]
+            ready = [n for n in items if _condition(n, "Ready") == "True"]
+            return len(ready) == self.options.nodes
+
+        self._wait(by_name["kwok"], nodes_ready, f"{self.options.nodes} kwok nodes Ready")
+        # The ServiceAccount controller creates `default` in each namespace; pods are
+        # rejected until it exists, so a cluster without it is not ready for tests.
+        self._wait(
+            by_name["kube-controller-manager"],
+            lambda: api.ok("/api/v1/namespaces/default/serviceaccounts/default"),
+            "ServiceAccount default/default",
+        )
+
+    # ------------------------------------------------------------------ kubeconfigs
+
+    def _kubeconfig_for(self, stem: str, user: str, groups: tuple[str, ...] = ()) -> Path:
+        path = self.workdir / f"{stem}.kubeconfig"
+        self._write_kubeconfig(path, self.pki.client(stem, user, groups))
+        return path
+
+    def _write_kubeconfig(self, path: Path, creds: CertPair) -> None:
+        write_kubeconfig(path, self.server, self.pki.ca_cert, creds)
+
+
+def write_kubeconfig(path: Path, server: str, ca: Path, creds: CertPair) -> None:
+    """Self-contained kubeconfig (data embedded), JSON being valid YAML for every loader."""
+
+    def b64(p: Path) -> str:
+        return base64.b64encode(p.read_bytes()).decode()
+
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "ckpt-e2e", "cluster": {"server": server, "certificate-authority-data": b64(ca)}}
+        ],
+        "users": [
+            {
+                "name": "ckpt-e2e",
+                "user": {"client-certificate-data": b64(creds.cert), "client-key-data": b64(creds.key)},
+            }
+        ],
+        "contexts": [{"name": "ckpt-e2e", "context": {"cluster": "ckpt-e2e", "user": "ckpt-e2e"}}],
+        "current-context": "ckpt-e2e",
+    }
+    path.write_text(json.dumps(config, indent=1))
+    path.chmod(0o600)
+
+
+def _http_ok(url: str) -> bool:
+    # Component health endpoints serve self-signed certs from their --cert-dir.
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(url, timeout=2.0, context=ctx) as resp:
+            return bool(200 <= resp.status < 300)
+    except OSError:
+        return False
+
+
+def _condition(obj: dict[str, object], kind: str) -> str | None:
+    status = obj.get("status")
+    if not isinstance(status, dict):
+        return None
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == kind:
+            return str(cond.get("status"))
+    return None
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

@@ -1,0 +1,131 @@
+"""Throwaway PKI for one local cluster: a CA, serving and client certificates, SA signing key.
+
+ECDSA P-256 keys keep generation in the milliseconds, which matters because every pytest
+session makes a fresh cluster.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+_VALIDITY = dt.timedelta(days=7)
+
+
+@dataclass(frozen=True)
+class CertPair:
+    cert: Path
+    key: Path
+
+
+def _key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    path.chmod(0o600)
+
+
+def _name(common_name: str, orgs: tuple[str, ...] = ()) -> x509.Name:
+    attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in orgs]
+    attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
+    return x509.Name(attrs)
+
+
+class ClusterPKI:
+    """Files under `directory`; the CA key stays in memory to sign further client certs."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._ca_key = _key()
+        now = dt.datetime.now(dt.UTC)
+        self._ca_cert = (
+            x509.CertificateBuilder()
+            .subject_name(_name("ckpt-e2e-ca"))
+            .issuer_name(_name("ckpt-e2e-ca"))
+            .public_key(self._ca_key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + _VALIDITY)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .sign(self._ca_key, hashes.SHA256())
+        )
+        self.ca_cert = self.dir / "ca.crt"
+        self.ca_cert.write_bytes(self._ca_cert.public_bytes(serialization.Encoding.PEM))
+        # Service-account tokens are signed with this key (apiserver) and verified with its
+        # public half; the controller-manager signs legacy tokens with it too.
+        sa_key = _key()
+        self.sa_key = self.dir / "sa.key"
+        self.sa_pub = self.dir / "sa.pub"
+        _write_key(sa_key, self.sa_key)
+        self.sa_pub.write_bytes(
+            sa_key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
+
+    def _issue(
+        self,
+        stem: str,
+        subject: x509.Name,
+        usage: x509.ObjectIdentifier,
+        sans: list[x509.GeneralName] | None = None,
+    ) -> CertPair:
+        key = _key()
+        now = dt.datetime.now(dt.UTC)
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(self._ca_cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + _VALIDITY)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        )
+        if sans:
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        cert = builder.sign(self._ca_key, hashes.SHA256())
+        pair = CertPair(self.dir / f"{stem}.crt", self.dir / f"{stem}.key")
+        pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        _write_key(key, pair.key)
+        return pair
+
+    def serving(self, stem: str, ips: list[str], dns: list[str]) -> CertPair:
+        sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
+        sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
+        return self._issue(stem, _name(dns[0] if dns else ips[0]), ExtendedKeyUsageOID.SERVER_AUTH, sans)
+
+    def client(self, stem: str, user: str, groups: tuple[str, ...] = ()) -> CertPair:
+        """Client cert; the apiserver maps CN to the user name and O to groups."""
+        return self._issue(stem, _name(user, groups), ExtendedKeyUsageOID.CLIENT_AUTH)

@@ -1,0 +1,164 @@
+"""Child processes that cannot outlive the harness, and bounded waits.
+
+Every child gets its own session (process group), so stopping it also stops whatever it
+spawned, and a parent-death signal, so a SIGKILLed pytest does not leave an apiserver behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+_PR_SET_PDEATHSIG = 1
+
+
+class WaitTimeout(AssertionError):
+    """A bounded wait ran out; the message says what was awaited and what was last seen."""
+
+
+def wait_for(predicate: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
+    """Poll `predicate` until it returns a truthy value (returned) or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        last = predicate()
+        if last:
+            return last
+        if time.monotonic() >= deadline:
+            raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+        time.sleep(interval)
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    # Resolved once in the parent: dlopen after fork() in a threaded process can deadlock.
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
+    except (OSError, AttributeError):  # not Linux: normal teardown still applies
+        return None
+
+
+_PRCTL = _load_prctl()
+
+
+def _die_with_parent() -> None:
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def spawn(
+    argv: Sequence[str | os.PathLike[str]],
+    log_path: Path,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start `argv` in its own process group, stdout+stderr appended to `log_path`.
+
+    The parent-death signal fires when the *thread* that spawned the child exits, so spawn
+    only from threads that live as long as the child should.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            [str(a) for a in argv],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,  # prctl has no Popen equivalent
+        )
+
+
+def stop(proc: subprocess.Popen[bytes], grace: float = 5.0) -> int:
+    """SIGTERM the child's process group, SIGKILL it after `grace` seconds; return the exit code."""
+    if proc.poll() is None:
+        _signal_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            _signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+    # Grandchildren may linger after the leader exited; the group id is still the leader's pid.
+    _signal_group(proc.pid, signal.SIGKILL)
+    return proc.returncode
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Ports the kernel reports free right now (held together so they are distinct)."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def listening_ports() -> set[tuple[str, int]]:
+    """(ip, port) of every TCP listener on this host, read from /proc (no ss/lsof needed)."""
+    found: set[tuple[str, int]] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] != "0A":  # TCP_LISTEN
+                continue
+            addr_hex, port_hex = fields[1].split(":")
+            found.add((_decode_ip(addr_hex), int(port_hex, 16)))
+    return found
+
+
+def _decode_ip(addr_hex: str) -> str:
+    if len(addr_hex) == 8:
+        return socket.inet_ntop(socket.AF_INET, bytes.fromhex(addr_hex)[::-1])
+    raw = bytes.fromhex(addr_hex)
+    # /proc stores IPv6 as four little-endian 32-bit words.
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
+    return socket.inet_ntop(socket.AF_INET6, words)
+
+
+def descendants(pid: int) -> set[int]:
+    """All live descendants of `pid`, from /proc (children files or the ppid field)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # The comm field may contain spaces and parens; ppid is the 2nd field after the last ')'.
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] == "Z":
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: set[int] = set()
+    stack = [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return found

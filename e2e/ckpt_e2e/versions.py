@@ -1,0 +1,80 @@
+"""Pinned versions of the control-plane binaries and the Go modules that build them.
+
+Bumping a version here changes the cache directory, so old and new binaries never mix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KUBERNETES = "v1.37.2"
+ETCD = "v3.6.16"
+KWOK = "v0.8.0"
+HELM = "v3.22.0"
+
+
+@dataclass(frozen=True)
+class Component:
+    """One Go wrapper module that builds one or more binaries from a published module."""
+
+    name: str
+    module: str
+    version: str
+    # binary name -> Go package path (inside `module` or its dependencies)
+    packages: dict[str, str]
+    ldflags: tuple[str, ...] = ()
+
+
+def _k8s_ldflags(version: str) -> tuple[str, ...]:
+    major, minor = version.lstrip("v").split(".")[:2]
+    flags: list[str] = []
+    # Without these the binaries report v0.0.0-master, which breaks version skew checks
+    # (kubectl warns, kwok and helm read the server version).
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [
+            f"-X {pkg}.gitVersion={version}",
+            f"-X {pkg}.gitMajor={major}",
+            f"-X {pkg}.gitMinor={minor}",
+            f"-X {pkg}.gitTreeState=clean",
+            f"-X {pkg}.buildDate=1970-01-01T00:00:00Z",
+        ]
+    return tuple(flags)
+
+
+COMPONENTS: tuple[Component, ...] = (
+    Component(
+        name="kubernetes",
+        module="k8s.io/kubernetes",
+        version=KUBERNETES,
+        packages={
+            "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
+            "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+            "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
+            "kubectl": "k8s.io/kubernetes/cmd/kubectl",
+        },
+        ldflags=_k8s_ldflags(KUBERNETES),
+    ),
+    Component(
+        name="etcd",
+        module="go.etcd.io/etcd/server/v3",
+        version=ETCD,
+        # etcd's server module root is itself the `etcd` main package.
+        packages={"etcd": "go.etcd.io/etcd/server/v3"},
+    ),
+    Component(
+        name="kwok",
+        module="sigs.k8s.io/kwok",
+        version=KWOK,
+        packages={"kwok": "sigs.k8s.io/kwok/cmd/kwok"},
+        ldflags=(f"-X sigs.k8s.io/kwok/pkg/consts.Version={KWOK}",),
+    ),
+    Component(
+        name="helm",
+        module="helm.sh/helm/v3",
+        version=HELM,
+        packages={"helm": "helm.sh/helm/v3/cmd/helm"},
+        ldflags=(f"-X helm.sh/helm/v3/internal/version.version={HELM}",),
+    ),
+)
+
+BINARIES: dict[str, Component] = {b: c for c in COMPONENTS for b in c.packages}
