@@ -1,0 +1,116 @@
+"""Condition evaluation: vocabulary per phase, lastTransitionTime kept when unchanged."""
+
+import pytest
+
+from ckpt_api.status import Phase
+from ckpt_rollout.conditions import Verdict, evaluate_conditions, set_condition
+
+
+def _status(conditions: list[dict[str, object]]) -> dict[object, object]:
+    return {c["type"]: c["status"] for c in conditions}
+
+
+@pytest.mark.parametrize(
+    ("phase", "expected"),
+    [
+        (
+            Phase.PROGRESSING,
+            {
+                "Progressing": "True",
+                "Complete": "False",
+                "Failed": "False",
+                "Ready": "False",
+                "Reconciling": "True",
+                "Stalled": "False",
+                "Paused": "False",
+            },
+        ),
+        (
+            Phase.PAUSED,
+            {
+                "Progressing": "True",
+                "Paused": "True",
+                "Ready": "False",
+                "Reconciling": "True",
+                "Stalled": "False",
+                "Complete": "False",
+                "Failed": "False",
+            },
+        ),
+        (
+            Phase.SUCCEEDED,
+            {
+                "Progressing": "False",
+                "Complete": "True",
+                "Failed": "False",
+                "Ready": "True",
+                "Reconciling": "False",
+                "Stalled": "False",
+                "Paused": "False",
+            },
+        ),
+        (
+            Phase.FAILED,
+            {
+                "Progressing": "False",
+                "Complete": "False",
+                "Failed": "True",
+                "Ready": "False",
+                "Reconciling": "False",
+                "Stalled": "True",
+                "Paused": "False",
+            },
+        ),
+        (
+            Phase.ROLLING_BACK,
+            {
+                "Progressing": "True",
+                "Complete": "False",
+                "Failed": "True",
+                "Ready": "False",
+                "Reconciling": "True",
+                "Stalled": "False",
+                "Paused": "False",
+            },
+        ),
+        (
+            Phase.ROLLED_BACK,
+            {
+                "Progressing": "False",
+                "Complete": "False",
+                "Failed": "True",
+                "Ready": "False",
+                "Reconciling": "False",
+                "Stalled": "True",
+                "Paused": "False",
+            },
+        ),
+    ],
+)
+def test_conditions_per_phase(phase: Phase, expected: dict[str, str]) -> None:
+    conds = evaluate_conditions(Verdict(phase, "Why", "msg"), [], now="t0", generation=3)
+    assert _status(conds) == expected
+    assert all(c["observedGeneration"] == 3 for c in conds)
+    assert all(c["lastTransitionTime"] == "t0" for c in conds)
+
+
+def test_transition_time_kept_when_status_unchanged_and_moved_when_it_flips() -> None:
+    first = evaluate_conditions(Verdict(Phase.PROGRESSING, "A", "a"), [], now="t0", generation=1)
+    second = evaluate_conditions(Verdict(Phase.PROGRESSING, "B", "b"), first, now="t1", generation=2)
+    third = evaluate_conditions(Verdict(Phase.SUCCEEDED, "Done", "c"), second, now="t2", generation=2)
+    by_type = {c["type"]: c for c in second}
+    assert by_type["Progressing"]["lastTransitionTime"] == "t0"
+    assert by_type["Progressing"]["reason"] == "B"
+    assert by_type["Progressing"]["observedGeneration"] == 2
+    by_type = {c["type"]: c for c in third}
+    assert by_type["Complete"]["lastTransitionTime"] == "t2"
+    assert by_type["Failed"]["lastTransitionTime"] == "t0"
+
+
+def test_set_condition_keeps_foreign_conditions() -> None:
+    foreign = {"type": "Custom", "status": "True", "reason": "X", "message": "", "lastTransitionTime": "t"}
+    out = set_condition(
+        [foreign], type_="Ready", status=True, reason="R", message="", now="n", generation=None
+    )
+    assert foreign in out
+    assert {c["type"] for c in out} == {"Custom", "Ready"}
