@@ -1,0 +1,200 @@
+"""Loads for engines that hold their weights in-process (the paddle reference engine).
+
+staged:   pull + verify every tensor into host staging while traffic continues, then pause and
+          copy into the live parameters. A failure before the copy changes nothing.
+streamed: pause, then verify and apply tensor by tensor through one reusable buffer (memory:
+          one chunk + the largest tensor). A failure restores the previous version from its
+          source before resuming; if that fails too the engine refuses traffic (weights lost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from typing import Literal, Protocol
+
+import numpy as np
+
+from ckpt_agent.compat import ParamSpec, check_compatible
+from ckpt_agent.engines.base import LiveWeights, LoadJob, LoadOutcome
+from ckpt_agent.errors import LoadError, Reason
+from ckpt_agent.manifest import DEFAULT_MAX_MANIFEST_BYTES, Manifest, TensorEntry
+from ckpt_agent.pause_gate import LOAD, PauseGate
+from ckpt_agent.reader import DEFAULT_CHUNK_BYTES, LoadProgress, fetch_manifest, plan_runs, read_runs
+from ckpt_agent.staging import StagingArea
+from ckpt_agent.transport import Transport, open_transport
+
+log = logging.getLogger(__name__)
+
+ApplyMode = Literal["staged", "streamed"]
+ApplyFn = Callable[[TensorEntry, memoryview], None]
+
+
+class WeightsTarget(Protocol):
+    """What an in-process engine exposes to the loader."""
+
+    def parameter_specs(self) -> Mapping[str, ParamSpec]: ...
+
+    def applying(self) -> AbstractContextManager[ApplyFn]:
+        """Exclusive access for writing parameters. The model counts as inconsistent (refuses
+        inference) from entry until the block exits without an exception."""
+        ...
+
+
+def _stream_buffer(manifest: Manifest) -> Callable[[TensorEntry], memoryview]:
+    buf = np.empty(max(manifest.largest_tensor_bytes, 1), dtype=np.uint8).data
+    return lambda entry: buf[: entry.nbytes]
+
+
+class InProcessLoader:
+    def __init__(
+        self,
+        target: WeightsTarget,
+        *,
+        apply_mode: ApplyMode = "staged",
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        max_manifest_bytes: int = DEFAULT_MAX_MANIFEST_BYTES,
+        parallelism: int = 1,
+    ) -> None:
+        self._target = target
+        self.apply_mode: ApplyMode = apply_mode
+        self._chunk = chunk_bytes
+        self._max_manifest = max_manifest_bytes
+        self._parallelism = parallelism
+
+    async def load(self, job: LoadJob, gate: PauseGate, progress: LoadProgress) -> LoadOutcome:
+        if job.source_uri is None:
+            raise LoadError(Reason.SOURCE_UNREACHABLE, "no source to load from")
+        transport = open_transport(job.source_uri)
+        try:
+            manifest, digest = await asyncio.to_thread(
+                fetch_manifest,
+                transport,
+                job.version,
+                expected_digest=job.manifest_digest,
+                max_bytes=self._max_manifest,
+            )
+            check_compatible(manifest, self._target.parameter_specs())
+            progress.bytes_total = manifest.total_bytes
+            if self.apply_mode == "staged":
+                await self._staged(transport, manifest, job, gate, progress)
+            else:
+                await self._streamed(transport, manifest, job, gate, progress)
+        finally:
+            transport.close()
+        return LoadOutcome(manifest.total_bytes, job.verify_checksum, digest)
+
+    async def _staged(
+        self, transport: Transport, manifest: Manifest, job: LoadJob, gate: PauseGate, progress: LoadProgress
+    ) -> None:
+        staging = StagingArea(manifest)
+        try:
+            # Several streams only pay off when there is more than one chunk per stream.
+            max_run = max(manifest.total_bytes // max(self._parallelism, 1), self._chunk)
+            await asyncio.to_thread(
+                read_runs,
+                transport,
+                job.version,
+                plan_runs(manifest, max_run_bytes=max_run),
+                buffer_for=staging.buffer,
+                on_tensor=lambda _e, _b: None,
+                verify=job.verify_checksum,
+                progress=progress,
+                cancelled=job.cancel.is_set,
+                chunk_bytes=self._chunk,
+                parallelism=self._parallelism,
+            )
+            async with gate.hold(LOAD):
+                try:
+                    await asyncio.to_thread(self._apply_all, manifest, staging.buffer)
+                except Exception as exc:
+                    await self._restore(job, _as_load_error(exc))
+        finally:
+            staging.release()
+
+    def _apply_all(self, manifest: Manifest, buffer_for: Callable[[TensorEntry], memoryview]) -> None:
+        with self._target.applying() as apply:
+            for entry in manifest.tensors:
+                apply(entry, buffer_for(entry))
+
+    async def _streamed(
+        self, transport: Transport, manifest: Manifest, job: LoadJob, gate: PauseGate, progress: LoadProgress
+    ) -> None:
+        async with gate.hold(LOAD):
+            try:
+                await asyncio.to_thread(
+                    self._stream_apply, transport, manifest, job.verify_checksum, progress, job.cancel.is_set
+                )
+            except Exception as exc:
+                await self._restore(job, _as_load_error(exc))
+
+    def _stream_apply(
+        self,
+        transport: Transport,
+        manifest: Manifest,
+        verify: bool,
+        progress: LoadProgress,
+        cancelled: Callable[[], bool],
+    ) -> None:
+        with self._target.applying() as apply:
+            read_runs(
+                transport,
+                manifest.version,
+                plan_runs(manifest),
+                buffer_for=_stream_buffer(manifest),
+                on_tensor=apply,
+                verify=verify,
+                progress=progress,
+                cancelled=cancelled,
+                chunk_bytes=self._chunk,
+            )
+
+    async def _restore(self, job: LoadJob, failure: LoadError) -> None:
+        """Put the previous version back after a failed apply, then re-raise `failure`."""
+        previous = job.previous
+        if previous is None or previous.source_uri is None:
+            raise LoadError(
+                failure.reason,
+                f"{failure.message}; no previous version to restore, the model holds no consistent weights",
+                tensor=failure.tensor,
+                weights_lost=True,
+            )
+        started = time.monotonic()
+        try:
+            await asyncio.to_thread(self._reload, previous)
+        except Exception as exc:
+            log.exception("restoring %s failed", previous.version)
+            raise LoadError(
+                failure.reason,
+                f"{failure.message}; restoring {previous.version} failed ({exc}), "
+                "the model holds no consistent weights",
+                tensor=failure.tensor,
+                weights_lost=True,
+            ) from exc
+        log.info(
+            "restored %s in %.2fs after: %s", previous.version, time.monotonic() - started, failure.message
+        )
+        raise failure
+
+    def _reload(self, previous: LiveWeights) -> None:
+        assert previous.source_uri is not None
+        transport = open_transport(previous.source_uri)
+        try:
+            manifest, _ = fetch_manifest(
+                transport,
+                previous.version,
+                expected_digest=previous.manifest_digest,
+                max_bytes=self._max_manifest,
+            )
+            self._stream_apply(transport, manifest, previous.checksum_verified, LoadProgress(), lambda: False)
+        finally:
+            transport.close()
+
+
+def _as_load_error(exc: Exception) -> LoadError:
+    if isinstance(exc, LoadError):
+        return exc
+    return LoadError(Reason.ENGINE_ERROR, f"applying weights failed: {exc!r}")

@@ -1,0 +1,53 @@
+"""Who holds the engine paused. The engine is paused while anyone holds it (an operator's
+explicit `/v1/pause`, a load's apply phase) and resumed when the last holder lets go, so a load
+never resumes traffic that an operator paused, and an operator's resume never cuts into an apply."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Protocol
+
+USER = "user"
+LOAD = "load"
+
+
+class EngineControl(Protocol):
+    async def pause(self) -> None: ...
+    async def resume(self) -> None: ...
+    async def is_paused(self) -> bool: ...
+
+
+class PauseGate:
+    def __init__(self, engine: EngineControl) -> None:
+        self._engine = engine
+        self._holders: set[str] = set()
+        self._lock = asyncio.Lock()
+
+    @property
+    def holders(self) -> list[str]:
+        return sorted(self._holders)
+
+    async def acquire(self, holder: str) -> None:
+        async with self._lock:
+            if not self._holders:
+                await self._engine.pause()
+            self._holders.add(holder)
+
+    async def release(self, holder: str) -> None:
+        async with self._lock:
+            if holder not in self._holders:
+                return
+            self._holders.discard(holder)
+            if not self._holders:
+                await self._engine.resume()
+
+    @asynccontextmanager
+    async def hold(self, holder: str) -> AsyncIterator[None]:
+        await self.acquire(holder)
+        try:
+            yield
+        finally:
+            # Shielded: a cancelled load must still resume the engine it paused.
+            await asyncio.shield(self.release(holder))

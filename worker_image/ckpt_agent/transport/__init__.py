@@ -1,0 +1,61 @@
+"""Transports by URI scheme. `file` and `http(s)` live here; Mooncake and peer relay register
+their own factories (`register_transport`) without touching the load pipeline."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+from ckpt_agent.transport.base import ByteStream, Transport
+
+TransportFactory = Callable[[str], Transport]
+
+_FACTORIES: dict[str, TransportFactory] = {}
+
+
+def register_transport(scheme: str, factory: TransportFactory) -> None:
+    _FACTORIES[scheme] = factory
+
+
+def supported_schemes() -> list[str]:
+    return sorted(_FACTORIES)
+
+
+def check_uri(uri: str) -> None:
+    """Raise ValueError if no transport handles `uri` or it cannot be parsed."""
+    scheme = urlsplit(uri).scheme
+    if scheme not in _FACTORIES:
+        raise ValueError(
+            f"no transport for {scheme or 'a scheme-less'} URI (supported: {supported_schemes()})"
+        )
+    _FACTORIES[scheme](uri).close()
+
+
+def open_transport(uri: str) -> Transport:
+    return _FACTORIES[urlsplit(uri).scheme](uri)
+
+
+def _http(uri: str) -> Transport:
+    from ckpt_agent.transport.http import HttpTransport
+
+    return HttpTransport(uri)
+
+
+def _file(uri: str) -> Transport:
+    from ckpt_agent.transport.file import FileTransport
+
+    return FileTransport(uri)
+
+
+register_transport("http", _http)
+register_transport("https", _http)
+register_transport("file", _file)
+
+__all__ = [
+    "ByteStream",
+    "Transport",
+    "check_uri",
+    "open_transport",
+    "register_transport",
+    "supported_schemes",
+]

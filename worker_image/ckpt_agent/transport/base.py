@@ -1,0 +1,49 @@
+"""The transport interface: how the agent pulls a version's manifest and tensor bytes.
+
+Deliberately small and blocking: loads run in worker threads that read straight into
+preallocated buffers (`readinto`), which is what keeps copies and allocations off the hot path,
+and what RDMA-style transports (Mooncake `transfer_sync_read` into registered memory) offer.
+A transport for a new scheme implements `Transport` and registers a factory with
+`ckpt_agent.transport.register_transport`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class ByteStream(Protocol):
+    """Sequential reader over one byte range of one shard."""
+
+    def readinto(self, buf: memoryview) -> None:
+        """Fill `buf` completely with the next bytes of the range.
+
+        Raises LoadError(TruncatedShard) if the range ends early, LoadError(SourceUnreachable)
+        on I/O failure.
+        """
+
+    def close(self) -> None: ...
+
+
+class Transport(Protocol):
+    uri: str
+
+    def fetch_manifest(self, version: str, max_bytes: int) -> bytes:
+        """Raw manifest bytes (the digest is computed over exactly these).
+
+        Raises LoadError with VersionNotFound, ManifestTooLarge or SourceUnreachable.
+        """
+
+    def open_range(self, version: str, file: str, start: int, end: int) -> ByteStream:
+        """A stream over bytes [start, end) of `file` in `version`."""
+
+    def close(self) -> None: ...
+
+
+class EmptyStream:
+    def readinto(self, buf: memoryview) -> None:
+        if buf.nbytes:
+            raise ValueError("EmptyStream has no bytes")
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,134 @@
+"""`http://` / `https://` sources, e.g. `ckpt-rollout serve` or any static file server.
+
+Uses `http.client` from worker threads rather than aiohttp: a response's `readinto` lands bytes
+straight in the caller's buffer via `recv_into`, one copy and no per-chunk allocation, which is
+several times faster than iterating aiohttp's stream at these sizes.
+"""
+
+from __future__ import annotations
+
+import http.client
+import re
+import socket
+from urllib.parse import quote, urlsplit
+
+from ckpt_agent.errors import LoadError, Reason
+from ckpt_agent.manifest import MANIFEST_NAME
+from ckpt_agent.transport.base import ByteStream, EmptyStream
+
+_CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
+
+
+class _HttpStream:
+    def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, name: str) -> None:
+        self._conn = conn
+        self._resp = resp
+        self._name = name
+
+    def readinto(self, buf: memoryview) -> None:
+        done, want = 0, buf.nbytes
+        while done < want:
+            try:
+                n = self._resp.readinto(buf[done:])
+            except http.client.IncompleteRead:
+                n = 0
+            except (OSError, http.client.HTTPException) as exc:
+                raise LoadError(Reason.SOURCE_UNREACHABLE, f"reading {self._name}: {exc}") from None
+            if n == 0:
+                raise LoadError(Reason.TRUNCATED_SHARD, f"{self._name}: the source closed the stream early")
+            done += n
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+class HttpTransport:
+    def __init__(self, uri: str, *, timeout: float = 30.0) -> None:
+        parts = urlsplit(uri)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URI: {uri!r}")
+        self.uri = uri
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname
+        self._port = parts.port
+        self._base = parts.path.rstrip("/")
+        self._timeout = timeout
+
+    def _request(
+        self, path: str, headers: dict[str, str]
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        conn = cls(self._host, self._port, timeout=self._timeout)
+        try:
+            conn.request("GET", self._base + path, headers=headers)
+            return conn, conn.getresponse()
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            raise LoadError(Reason.SOURCE_UNREACHABLE, f"{self.uri}: {exc}") from None
+
+    def fetch_manifest(self, version: str, max_bytes: int) -> bytes:
+        conn, resp = self._request(f"/{quote(version)}/{MANIFEST_NAME}", {})
+        try:
+            if resp.status == 404:
+                raise LoadError(Reason.VERSION_NOT_FOUND, f"version {version} not found at {self.uri}")
+            if resp.status != 200:
+                raise LoadError(
+                    Reason.SOURCE_UNREACHABLE, f"{self.uri} answered HTTP {resp.status} for the manifest"
+                )
+            length = resp.getheader("Content-Length")
+            if length is not None and length.isdigit() and int(length) > max_bytes:
+                raise LoadError(
+                    Reason.MANIFEST_TOO_LARGE, f"manifest of {version} is {length} bytes, cap {max_bytes}"
+                )
+            raw = resp.read(max_bytes + 1)
+            if len(raw) > max_bytes:
+                raise LoadError(
+                    Reason.MANIFEST_TOO_LARGE, f"manifest of {version} exceeds the {max_bytes}-byte cap"
+                )
+            return raw
+        except (OSError, http.client.HTTPException) as exc:
+            raise LoadError(Reason.SOURCE_UNREACHABLE, f"reading manifest from {self.uri}: {exc}") from None
+        finally:
+            conn.close()
+
+    def open_range(self, version: str, file: str, start: int, end: int) -> ByteStream:
+        if start == end:
+            return EmptyStream()
+        conn, resp = self._request(f"/{quote(version)}/{quote(file)}", {"Range": f"bytes={start}-{end - 1}"})
+        try:
+            _check_range_response(resp, file, start, end)
+        except BaseException:
+            conn.close()
+            raise
+        # Big receive buffers matter for loopback and LAN throughput; the kernel caps the value.
+        if conn.sock is not None:
+            conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        return _HttpStream(conn, resp, file)
+
+    def close(self) -> None:
+        pass
+
+
+def _check_range_response(resp: http.client.HTTPResponse, file: str, start: int, end: int) -> None:
+    if resp.status == 404:
+        raise LoadError(Reason.TRUNCATED_SHARD, f"shard {file} is missing at the source (HTTP 404)")
+    if resp.status == 416:
+        raise LoadError(Reason.TRUNCATED_SHARD, f"shard {file} at the source is shorter than {end} bytes")
+    if resp.status == 200:
+        # A server that ignores Range sends the whole file; usable only for a range at offset 0.
+        length = resp.length
+        if start != 0:
+            raise LoadError(Reason.SOURCE_UNREACHABLE, f"source ignored the Range request for {file}")
+        if length is not None and length < end:
+            raise LoadError(
+                Reason.TRUNCATED_SHARD, f"shard {file} at the source is {length} bytes, need {end}"
+            )
+        return
+    if resp.status != 206:
+        raise LoadError(Reason.SOURCE_UNREACHABLE, f"source answered HTTP {resp.status} for {file}")
+    match = _CONTENT_RANGE.match(resp.getheader("Content-Range") or "")
+    if not match or int(match.group(1)) != start:
+        raise LoadError(Reason.SOURCE_UNREACHABLE, f"source sent a bad Content-Range for {file}")
+    if int(match.group(2)) + 1 < end:
+        # Servers clamp a range to the file size: the shard is shorter than the manifest says.
+        raise LoadError(Reason.TRUNCATED_SHARD, f"shard {file} at the source ends at byte {match.group(2)}")
