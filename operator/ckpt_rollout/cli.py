@@ -11,8 +11,6 @@ Handler = Callable[[argparse.Namespace], int]
 
 # Subcommands announced in --help before they exist; each names the issue that brings it.
 PLANNED: dict[str, tuple[str, str]] = {
-    "status": ("show a rollout's waves and workers", "#6"),
-    "watch": ("follow a rollout until it ends", "#6"),
     "pause": ("pause a rollout", "#7"),
     "resume": ("resume a paused rollout", "#7"),
     "promote": ("continue past a pauseAfterWave", "#7"),
@@ -71,9 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     crd = sub.add_parser("crd", help="print the CheckpointRollout CRD (generated from the models)")
     crd.set_defaults(func=_crd)
+    from ckpt_rollout.commands import add_commands as add_inspect_commands
     from ckpt_rollout.runner import add_command as add_operator_command
 
     add_operator_command(sub)
+    add_inspect_commands(sub)
     _add_planned(sub, PLANNED)
     _add_planned(sub, PLANNED_AGENT)
     bench = sub.add_parser("bench", help="benchmarks that print ratios against limits")

@@ -1,0 +1,352 @@
+"""Test-harness pieces for rollouts on a real control plane: checkpoint source, worker fleet
+(kwok pods running real agents), the operator as a killable process, and readers for what
+each worker actually serves. Shared by the operator integration tests, the scenario suite and
+the demo."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from ckpt_api.constants import DEFAULT_AGENT_AUDIENCE, GROUP, PLURAL, VERSION
+
+from .podruntime import Launch, PodInfo, PodRuntime
+from .procs import free_ports, spawn, stop, wait_for
+
+CLI = [sys.executable, "-m", "ckpt_rollout.cli"]
+AGENT_PORT = 8089
+WORKER_LABEL = "rollout-worker"
+
+
+def http_json(url: str, *, token: str | None = None, body: Any = None, timeout: float = 5.0) -> Any:
+    """One HTTP call to an agent or source on loopback; returns the decoded JSON body."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")
+    req.add_header("Content-Type", "application/json")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read() or b"null")
+
+
+def http_text(url: str, *, token: str | None = None, timeout: float = 5.0) -> str:
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return str(resp.read().decode())
+
+
+def metric_value(metrics_text: str, name: str, labels: dict[str, str] | None = None) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels``."""
+    total = 0.0
+    for line in metrics_text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        head, _, value = line.rpartition(" ")
+        metric, _, label_text = head.partition("{")
+        if metric != name:
+            continue
+        pairs = dict(part.split("=", 1) for part in label_text.rstrip("}").split(",") if "=" in part)
+        found = {k: v.strip('"') for k, v in pairs.items()}
+        if all(found.get(k) == v for k, v in (labels or {}).items()):
+            total += float(value)
+    return total
+
+
+# -- checkpoint source ----------------------------------------------------------------------
+
+
+@dataclass
+class CheckpointSource:
+    root: Path
+    url: str
+    proc: subprocess.Popen[bytes] | None = None
+    digests: dict[str, str] = field(default_factory=dict)
+
+    def version_dir(self, version: str) -> Path:
+        return self.root / version
+
+
+def publish_reference_version(
+    root: Path, version: str, seed: int, work: Path, *, hidden: int = 64, layers: int = 2
+) -> str:
+    """Publish a synthetic reference-model checkpoint; returns its manifest digest."""
+    from ckpt_agent.synth import ReferenceModelSpec, write_reference_checkpoint
+
+    src = work / f"src-{version}"
+    write_reference_checkpoint(src, seed, ReferenceModelSpec(hidden=hidden, layers=layers))
+    out = subprocess.run(
+        [*CLI, "publish", str(src), "--version", version, "--out", str(root)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    digest = out.stdout.strip().splitlines()[-1]
+    assert digest.startswith("sha256:"), out.stdout
+    return digest
+
+
+def corrupt_tensor(version_dir: Path, tensor: str) -> None:
+    """Flip one byte inside ``tensor``'s data: the manifest's checksum no longer matches."""
+    manifest = json.loads((version_dir / "manifest.json").read_text())
+    entry = next(t for t in manifest["tensors"] if t["name"] == tensor)
+    shard = version_dir / entry["file"]
+    with open(shard, "r+b") as fh:
+        fh.seek(entry["offset"] + entry["nbytes"] // 2)
+        byte = fh.read(1)
+        fh.seek(-1, os.SEEK_CUR)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+
+
+@contextmanager
+def serve_checkpoints(root: Path, log_dir: Path) -> Iterator[CheckpointSource]:
+    (port,) = free_ports(1)
+    proc = spawn(
+        [*CLI, "serve", str(root), "--host", "127.0.0.1", "--port", str(port)],
+        log_dir / "source.log",
+    )
+    source = CheckpointSource(root=root, url=f"http://127.0.0.1:{port}", proc=proc)
+    try:
+        wait_for(lambda: _ok(f"{source.url}/healthz"), 30, "checkpoint source /healthz")
+        yield source
+    finally:
+        stop(proc)
+
+
+def _ok(url: str) -> bool:
+    try:
+        http_text(url, timeout=1)
+        return True
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
+# -- credentials ----------------------------------------------------------------------------
+
+
+def operator_token(api: client.ApiClient, namespace: str, account: str = "ckpt-operator") -> str:
+    """A ServiceAccount token for the agents' audience, as the operator's projected volume has."""
+    core = client.CoreV1Api(api)
+    core.create_namespaced_service_account(
+        namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=account))
+    )
+    request = client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=[DEFAULT_AGENT_AUDIENCE], expiration_seconds=3600)
+    )
+    resp = core.create_namespaced_service_account_token(account, namespace, request)
+    return str(resp.status.token)
+
+
+# -- worker fleet ---------------------------------------------------------------------------
+
+
+def worker_deployment(name: str, replicas: int, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "containers": [{"name": "worker", "image": "ckpt-rollout-worker:dev"}],
+                    "readinessGates": [{"conditionType": f"{GROUP}/WeightsReady"}],
+                },
+            },
+        },
+    }
+
+
+@dataclass
+class AgentOptions:
+    source_url: str
+    initial_version: str
+    kubeconfig: Path
+    allowed_username: str
+    extra_args: list[str] = field(default_factory=list)
+
+    def launch(self, pod: PodInfo) -> Launch:
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "POD_NAME": pod.name,
+            "POD_NAMESPACE": pod.namespace,
+            "POD_IP": pod.ip,
+        }
+        argv = [
+            *CLI,
+            "agent",
+            "--host",
+            pod.ip,
+            "--port",
+            str(AGENT_PORT),
+            "--engine",
+            "paddle",
+            "--source",
+            self.source_url,
+            "--initial-version",
+            self.initial_version,
+            "--tokenreview-audience",
+            DEFAULT_AGENT_AUDIENCE,
+            "--allowed-usernames",
+            self.allowed_username,
+            *self.extra_args,
+        ]
+        return Launch(argv=argv, env=env)
+
+
+@dataclass
+class Worker:
+    name: str
+    ip: str
+
+    def url(self, path: str) -> str:
+        return f"http://{self.ip}:{AGENT_PORT}{path}"
+
+
+def ready_workers(runtime: PodRuntime, count: int, token: str, timeout: float = 90.0) -> list[Worker]:
+    """Wait until ``count`` agents answer /v1/status; returns them sorted by pod name."""
+
+    def answering() -> list[Worker] | None:
+        workers = [Worker(p.pod.name, p.pod.ip) for p in runtime.running().values()]
+        if len(workers) != count:
+            return None
+        for w in workers:
+            try:
+                http_json(w.url("/v1/status"), token=token, timeout=1)
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                return None
+        return sorted(workers, key=lambda w: w.name)
+
+    return wait_for(answering, timeout, f"{count} agents answering /v1/status", interval=0.3)
+
+
+def served_output(worker: Worker, token: str) -> list[float]:
+    body = http_json(worker.url("/v1/infer"), token=token, body={})
+    return list(body["output"])
+
+
+def update_calls(worker: Worker, token: str, result: str = "accepted") -> float:
+    return metric_value(
+        http_text(worker.url("/metrics"), token=token),
+        "ckpt_agent_update_requests_total",
+        {"result": result},
+    )
+
+
+# -- the operator ---------------------------------------------------------------------------
+
+
+class OperatorProcess:
+    """`ckpt-rollout operator` as a child process that tests can SIGKILL and restart."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, token_file: Path, log_dir: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.namespace = namespace
+        self.token_file = token_file
+        self.log_dir = log_dir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / "operator.log"
+
+    def start(self) -> OperatorProcess:
+        (liveness_port,) = free_ports(1)
+        self.liveness_url = f"http://127.0.0.1:{liveness_port}/healthz"
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        self.proc = spawn(
+            [
+                *CLI,
+                "operator",
+                "--namespace",
+                self.namespace,
+                "--liveness-host",
+                "127.0.0.1",
+                "--liveness-port",
+                str(liveness_port),
+                "--metrics-port",
+                "0",
+                "--agent-token-file",
+                str(self.token_file),
+            ],
+            self.log_path,
+            env=env,
+        )
+        self.starts += 1
+        wait_for(lambda: _ok(self.liveness_url), 60, "operator liveness endpoint")
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no final status write — what a node failure looks like."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc)
+
+
+# -- the CR ---------------------------------------------------------------------------------
+
+
+class Rollouts:
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.api = client.CustomObjectsApi(api)
+        self.namespace = namespace
+
+    def create(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "CheckpointRollout",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+        obj: dict[str, Any] = self.api.create_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, body
+        )
+        return obj
+
+    def get(self, name: str) -> dict[str, Any]:
+        obj: dict[str, Any] = self.api.get_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, name
+        )
+        return obj
+
+    def patch_spec(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        obj: dict[str, Any] = self.api.patch_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, name, {"spec": spec}
+        )
+        return obj
+
+    def status(self, name: str) -> dict[str, Any]:
+        return dict(self.get(name).get("status") or {})
+
+    def wait_phase(self, name: str, phases: set[str], timeout: float = 120.0) -> dict[str, Any]:
+        def reached() -> dict[str, Any] | None:
+            status = self.status(name)
+            return status if status.get("phase") in phases else None
+
+        return wait_for(reached, timeout, f"{name} phase in {sorted(phases)}", interval=0.2)
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        core = client.CoreV1Api(self.api.api_client)
+        items = core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={name}").items
+        return [{"reason": e.reason, "type": e.type, "message": e.message} for e in items]

@@ -1,0 +1,127 @@
+"""pytest fixtures for rollouts: CRD installed, a published checkpoint source, an operator
+process, and a fleet of kwok pods running real agents. Load with
+``from ckpt_e2e.rollout_fixtures import *`` in a conftest."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from .fixtures import ClusterHandle, PodRuntimeFactory
+from .kubectl import Kubectl
+from .podruntime import PodRuntime
+from .rollout_env import (
+    WORKER_LABEL,
+    AgentOptions,
+    CheckpointSource,
+    OperatorProcess,
+    Rollouts,
+    Worker,
+    operator_token,
+    publish_reference_version,
+    ready_workers,
+    serve_checkpoints,
+    worker_deployment,
+)
+
+__all__ = ["Fleet", "checkpoint_source", "crd_installed", "fleet_factory", "operator", "rollouts"]
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_FILE = ROOT / "crds" / "checkpointrollouts.rollout.ckpt.dev.yaml"
+VERSIONS = {"v1": 1, "v2": 2, "v3": 3}
+
+
+@pytest.fixture(scope="session")
+def crd_installed(cluster: ClusterHandle) -> None:
+    cluster.kubectl.apply(CRD_FILE)
+    cluster.kubectl.run(
+        "wait", "--for=condition=Established", "crd/checkpointrollouts.rollout.ckpt.dev", "--timeout=60s"
+    )
+
+
+@pytest.fixture(scope="session")
+def checkpoint_source(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CheckpointSource]:
+    """v1, v2, v3 of the reference model, served over http for the whole session."""
+    work = tmp_path_factory.mktemp("ckpt")
+    root = work / "versions"
+    root.mkdir()
+    digests = {v: publish_reference_version(root, v, seed, work) for v, seed in VERSIONS.items()}
+    with serve_checkpoints(root, work) as source:
+        source.digests = digests
+        yield source
+
+
+@pytest.fixture
+def operator_identity(k8s_api: client.ApiClient, namespace: str, tmp_path: Path) -> tuple[str, Path]:
+    """(username, token file) of the operator's ServiceAccount, audience-bound to agents."""
+    token = operator_token(k8s_api, namespace)
+    path = tmp_path / "agent-token"
+    path.write_text(token)
+    return f"system:serviceaccount:{namespace}:ckpt-operator", path
+
+
+@pytest.fixture
+def operator(
+    cluster: ClusterHandle,
+    crd_installed: None,
+    namespace: str,
+    operator_identity: tuple[str, Path],
+    tmp_path: Path,
+) -> Iterator[OperatorProcess]:
+    proc = OperatorProcess(cluster.kubeconfig, namespace, operator_identity[1], tmp_path / "operator")
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def rollouts(k8s_api: client.ApiClient, namespace: str) -> Rollouts:
+    return Rollouts(k8s_api, namespace)
+
+
+@dataclass
+class Fleet:
+    name: str
+    labels: dict[str, str]
+    runtime: PodRuntime
+    token: str
+    kubectl: Kubectl
+
+    def workers(self, count: int) -> list[Worker]:
+        return ready_workers(self.runtime, count, self.token)
+
+    def scale(self, replicas: int) -> None:
+        self.kubectl.run("scale", f"deployment/{self.name}", f"--replicas={replicas}")
+
+
+@pytest.fixture
+def fleet_factory(
+    cluster: ClusterHandle,
+    kubectl: Kubectl,
+    pod_runtime: PodRuntimeFactory,
+    checkpoint_source: CheckpointSource,
+    operator_identity: tuple[str, Path],
+) -> Callable[..., Fleet]:
+    """``fleet_factory(replicas)`` -> a worker Deployment whose pods run real paddle agents
+    starting on v1; waits until every agent answers."""
+
+    def make(replicas: int, name: str = "workers", initial_version: str = "v1") -> Fleet:
+        labels = {"app": WORKER_LABEL, "fleet": name}
+        kubectl.apply(worker_deployment(name, replicas, labels))
+        options = AgentOptions(
+            source_url=checkpoint_source.url,
+            initial_version=initial_version,
+            kubeconfig=cluster.kubeconfig,
+            allowed_username=operator_identity[0],
+        )
+        runtime = pod_runtime(f"app={WORKER_LABEL},fleet={name}", options.launch)
+        token = operator_identity[1].read_text()
+        fleet = Fleet(name, labels, runtime, token, kubectl)
+        fleet.workers(replicas)
+        return fleet
+
+    return make

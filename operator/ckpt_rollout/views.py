@@ -1,0 +1,101 @@
+"""Human views of a CheckpointRollout for `ckpt-rollout status` and `watch`. Pure."""
+
+from typing import Any
+
+TERMINAL_OK = {"Succeeded"}
+TERMINAL_BAD = {"Failed", "RolledBack"}
+
+
+def _cell(value: object) -> str:
+    return "-" if value is None or value == "" else str(value)
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+
+
+def status_table(obj: dict[str, Any]) -> str:
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    meta = obj.get("metadata") or {}
+    lines = [
+        f"Name:       {meta.get('namespace')}/{meta.get('name')}",
+        f"Version:    {spec.get('version')}  (stable {_cell(status.get('stableVersion'))}, "
+        f"previous {_cell(status.get('previousVersion'))})",
+        f"Phase:      {_cell(status.get('phase'))}  updated {status.get('updatedReplicas', 0)}/"
+        f"{status.get('replicas', 0)}, failed {status.get('failedReplicas', 0)}, "
+        f"wave {_cell(status.get('waveProgress'))}",
+        f"Message:    {_cell(status.get('message'))}",
+    ]
+    waves = status.get("waves") or []
+    if waves:
+        rows = [["WAVE", "PODS", "CALLED", "UPDATED", "FAILED", "GONE", "PHASE", "STARTED", "COMPLETED"]]
+        for w in waves:
+            rows.append(
+                [
+                    str(w.get("index", 0) + 1),
+                    str(len(w.get("pods", []))),
+                    str(len(w.get("called", []))),
+                    str(w.get("updated", 0)),
+                    str(w.get("failed", 0)),
+                    str(w.get("gone", 0)),
+                    _cell(w.get("phase")),
+                    _cell(w.get("startedAt")),
+                    _cell(w.get("completedAt")),
+                ]
+            )
+        lines += ["", _table(rows)]
+    workers = status.get("workers") or {}
+    if workers:
+        rows = [["WORKER", "VERSION", "PHASE", "REASON", "VERIFIED", "SECONDS", "MESSAGE"]]
+        for name in sorted(workers):
+            e = workers[name]
+            seconds = e.get("seconds")
+            rows.append(
+                [
+                    name,
+                    _cell(e.get("version")),
+                    _cell(e.get("phase")),
+                    _cell(e.get("reason")),
+                    _cell(e.get("checksumVerified")),
+                    "-" if seconds is None else f"{seconds:.2f}",
+                    _cell(e.get("message"))[:80],
+                ]
+            )
+        lines += ["", _table(rows)]
+    conditions = status.get("conditions") or []
+    if conditions:
+        rows = [["CONDITION", "STATUS", "REASON", "SINCE"]]
+        rows += [
+            [c["type"], c["status"], _cell(c.get("reason")), _cell(c.get("lastTransitionTime"))]
+            for c in conditions
+        ]
+        lines += ["", _table(rows)]
+    return "\n".join(lines)
+
+
+def progress_line(obj: dict[str, Any], width: int = 30) -> str:
+    status = obj.get("status") or {}
+    replicas = status.get("replicas") or 0
+    updated = status.get("updatedReplicas") or 0
+    filled = int(width * updated / replicas) if replicas else 0
+    bar = "#" * filled + "." * (width - filled)
+    return (
+        f"{(obj.get('spec') or {}).get('version')} [{bar}] {updated}/{replicas} updated  "
+        f"wave {status.get('waveProgress') or '-'}  {status.get('phase') or 'Pending'}"
+        + (f"  failed {status['failedReplicas']}" if status.get("failedReplicas") else "")
+    )
+
+
+def watch_exit_code(obj: dict[str, Any]) -> int | None:
+    """0 when the rollout succeeded, 1 when it ended badly, None while it is still going."""
+    status = obj.get("status") or {}
+    if status.get("targetVersion") != (obj.get("spec") or {}).get("version"):
+        return None
+    phase = status.get("phase")
+    if phase in TERMINAL_OK:
+        return 0
+    if phase in TERMINAL_BAD:
+        return 1
+    return None

@@ -1,0 +1,64 @@
+"""`status` and `watch` views of a rollout."""
+
+from typing import Any
+
+import pytest
+
+from ckpt_rollout.views import progress_line, status_table, watch_exit_code
+
+
+def _obj(phase: str | None, target: str = "v2", updated: int = 3, replicas: int = 5) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "fleet", "namespace": "ns"},
+        "spec": {"version": "v2"},
+        "status": {
+            "phase": phase,
+            "targetVersion": target,
+            "replicas": replicas,
+            "updatedReplicas": updated,
+            "waveProgress": "2/3",
+            "waves": [
+                {"index": 0, "pods": ["a"], "called": ["a"], "updated": 1, "phase": "Completed"},
+                {"index": 1, "pods": ["b", "c"], "called": ["b"], "phase": "Running"},
+            ],
+            "workers": {
+                "b": {
+                    "version": "v2",
+                    "phase": "Failed",
+                    "reason": "ChecksumMismatch",
+                    "message": "tensor x",
+                    "seconds": 1.5,
+                }
+            },
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("phase", "target", "expected"),
+    [
+        ("Succeeded", "v2", 0),
+        ("Failed", "v2", 1),
+        ("RolledBack", "v2", 1),
+        ("Progressing", "v2", None),
+        ("Succeeded", "v1", None),
+    ],  # an old rollout's success says nothing about v2
+)
+def test_watch_exit_code(phase: str, target: str, expected: int | None) -> None:
+    assert watch_exit_code(_obj(phase, target)) == expected
+
+
+def test_progress_line_shows_bar_counts_and_wave() -> None:
+    line = progress_line(_obj("Progressing"), width=10)
+    assert "[######....] 3/5 updated" in line
+    assert "wave 2/3" in line
+    assert line.startswith("v2 ")
+
+
+def test_status_table_lists_waves_and_failed_workers() -> None:
+    text = status_table(_obj("Progressing"))
+    assert "ns/fleet" in text
+    wave_rows = [line.split() for line in text.splitlines() if line.startswith(("1 ", "2 "))]
+    assert wave_rows[0][:7] == ["1", "1", "1", "1", "0", "0", "Completed"]
+    assert wave_rows[1][:7] == ["2", "2", "1", "0", "0", "0", "Running"]
+    assert any(line.startswith("b ") and "ChecksumMismatch" in line for line in text.splitlines())
