@@ -29,8 +29,19 @@ lint: install
 	PYTHONPATH=$(PYPATHS) $(BIN)/mypy
 	PYTHONPATH=$(PYPATHS) $(BIN)/lint-imports
 
+# The CRD (crds/) and the chart's generated files (values.yaml, values.schema.json, the CRD
+# template), all from the pydantic models.
 crds: install
 	$(BIN)/ckpt-rollout crd > $(CRD_FILE)
+	$(BIN)/python -m ckpt_rollout.chart_values charts/ckpt-rollout
+
+# crds, plus the static manifest of the `kubectl apply` install path (needs helm: provisioned
+# like the control-plane binaries).
+.PHONY: generate
+generate: crds
+	helm=$$(python3 e2e/ckpt_e2e/provision.py helm | cut -f2) && \
+	$(BIN)/python -m ckpt_rollout.chart_values charts/ckpt-rollout \
+	  --helm "$$helm" --static-manifest examples/kubectl/operator.yaml
 
 # Regenerates every generated file and fails if the committed copies differ.
 verify: crds

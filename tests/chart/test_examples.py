@@ -1,0 +1,109 @@
+"""examples/ agree with the chart, the CRD and the agent's contract (no cluster needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chart_render import CHART, ROOT, Helm, Obj
+
+from ckpt_api.constants import DEFAULT_AGENT_AUDIENCE, DEFAULT_AGENT_PORT, WEIGHTS_READY_CONDITION
+from ckpt_api.spec import CheckpointRolloutSpec
+from ckpt_rollout.chart_values import STATIC_NAMESPACE, STATIC_RELEASE, ChartValues
+
+EXAMPLES = ROOT / "examples"
+
+
+def _docs(path: Path) -> list[Obj]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def _one(path: Path, kind: str) -> Obj:
+    found = [d for d in _docs(path) if d["kind"] == kind]
+    assert len(found) == 1, f"{path}: {kind}"
+    return found[0]
+
+
+def _worker_container() -> Obj:
+    deployment = _one(EXAMPLES / "worker-deployment.yaml", "Deployment")
+    container: Obj = deployment["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+def _flags(args: list[str]) -> dict[str, str]:
+    return dict(a.removeprefix("--").split("=", 1) for a in args if a.startswith("--"))
+
+
+def test_checkpointrollout_example_is_a_valid_spec() -> None:
+    cr = _one(EXAMPLES / "checkpointrollout.yaml", "CheckpointRollout")
+    assert cr["apiVersion"] == "rollout.ckpt.dev/v1alpha1"
+    spec = CheckpointRolloutSpec.model_validate(cr["spec"])
+    worker = _one(EXAMPLES / "worker-deployment.yaml", "Deployment")
+    assert spec.selector.match_labels == worker["spec"]["template"]["metadata"]["labels"]
+
+
+def test_worker_example_is_wired_for_the_agent() -> None:
+    deployment = _one(EXAMPLES / "worker-deployment.yaml", "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["readinessGates"] == [{"conditionType": WEIGHTS_READY_CONDITION}]
+    assert pod["serviceAccountName"] == ChartValues().worker_rbac.service_account.name
+    container = _worker_container()
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
+    assert env == {
+        "POD_NAME": "metadata.name",
+        "POD_NAMESPACE": "metadata.namespace",
+        "POD_IP": "status.podIP",
+    }
+    assert container["command"] == ["ckpt-rollout", "agent"]
+    flags = _flags(container["args"])
+    assert flags["port"] == str(DEFAULT_AGENT_PORT)
+    assert container["ports"][0]["containerPort"] == DEFAULT_AGENT_PORT
+    assert flags["tokenreview-audience"] == DEFAULT_AGENT_AUDIENCE == ChartValues().agent_auth.audience
+
+
+def test_worker_example_trusts_the_operator_of_the_documented_install(helm: Helm) -> None:
+    rendered = helm.template(release=STATIC_RELEASE, namespace=STATIC_NAMESPACE)
+    account = rendered.one("ServiceAccount")["metadata"]
+    operator = f"system:serviceaccount:{account['namespace']}:{account['name']}"
+    assert _flags(_worker_container()["args"])["allowed-usernames"] == operator
+
+
+def _argocd() -> Obj:
+    return _one(EXAMPLES / "gitops" / "argocd-application.yaml", "Application")
+
+
+def _flux() -> Obj:
+    return _one(EXAMPLES / "gitops" / "flux-helmrelease.yaml", "HelmRelease")
+
+
+def test_argocd_application_points_at_the_chart() -> None:
+    app = _argocd()
+    assert (ROOT / app["spec"]["source"]["path"]) == CHART
+    assert app["spec"]["source"]["helm"]["releaseName"] == STATIC_RELEASE
+    assert app["spec"]["destination"]["namespace"] == STATIC_NAMESPACE
+
+
+def test_flux_helmrelease_points_at_the_chart() -> None:
+    release = _flux()
+    source = _one(EXAMPLES / "gitops" / "flux-helmrelease.yaml", "GitRepository")
+    chart = release["spec"]["chart"]["spec"]
+    assert ROOT / chart["chart"] == CHART
+    assert chart["sourceRef"] == {"kind": "GitRepository", "name": source["metadata"]["name"]}
+    assert release["spec"]["releaseName"] == STATIC_RELEASE
+    assert release["spec"]["targetNamespace"] == STATIC_NAMESPACE
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param(lambda: _argocd()["spec"]["source"]["helm"]["valuesObject"], id="argocd"),
+        pytest.param(lambda: _flux()["spec"]["values"], id="flux"),
+    ],
+)
+def test_gitops_values_pass_the_schema(helm: Helm, values: Any) -> None:
+    chosen = values()
+    ChartValues.model_validate(chosen, strict=True)
+    rendered = helm.template(chosen, release=STATIC_RELEASE, namespace=STATIC_NAMESPACE)
+    assert rendered.one("ServiceAccount", "ckpt-rollout-worker", "rl")
