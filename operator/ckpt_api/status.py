@@ -66,11 +66,19 @@ class WorkerStatus(ApiModel):
     uid: str | None = None
 
 
+class WaveKind(StrEnum):
+    SPEC = "Spec"  # one of spec.strategy.waves
+    CATCH_UP = "CatchUp"  # pods a superseded rollout had already updated
+    DRIFT = "Drift"  # pods that appeared after the rollout covered the fleet
+
+
 class WaveStatus(ApiModel):
     """Membership and progress of one wave: persisted so a restarted operator neither skips a
     wave nor calls a worker twice for the same version."""
 
     index: Annotated[int, Field(ge=0)]
+    kind: WaveKind = WaveKind.SPEC
+    spec_index: Annotated[int | None, Field(ge=0, description="Index in spec.strategy.waves")] = None
     target: Annotated[int, Field(ge=0, description="Cumulative pods updated after this wave")]
     pods: list[str] = []
     called: Annotated[list[str], Field(description="Pods already sent update_weights")] = []
@@ -78,6 +86,18 @@ class WaveStatus(ApiModel):
     updated: Annotated[int, Field(ge=0, description="Pods updated, folded out of workers")] = 0
     failed: Annotated[int, Field(ge=0)] = 0
     gone: Annotated[int, Field(ge=0, description="Members that disappeared mid-wave")] = 0
+    started_at: str | None = None
+    completed_at: str | None = None
+
+
+class RollbackStatus(ApiModel):
+    """Returning updated workers to previousVersion after a failure or an abort."""
+
+    version: str
+    reason: str
+    pods: list[str] = []
+    called: list[str] = []
+    phase: WavePhase = WavePhase.RUNNING
     started_at: str | None = None
     completed_at: str | None = None
 
@@ -100,6 +120,10 @@ class CheckpointRolloutStatus(ApiModel):
     conditions: list[Condition] = []
     workers: dict[str, WorkerStatus] = {}
     waves: list[WaveStatus] = []
+    rollback: RollbackStatus | None = None
+    superseded_version: Annotated[
+        str | None, Field(description="The in-flight version this rollout replaced")
+    ] = None
     started_at: str | None = None
     completed_at: str | None = None
     paused_seconds: Annotated[float | None, Field(ge=0)] = None

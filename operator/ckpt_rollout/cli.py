@@ -10,12 +10,7 @@ from collections.abc import Callable, Sequence
 Handler = Callable[[argparse.Namespace], int]
 
 # Subcommands announced in --help before they exist; each names the issue that brings it.
-PLANNED: dict[str, tuple[str, str]] = {
-    "pause": ("pause a rollout", "#7"),
-    "resume": ("resume a paused rollout", "#7"),
-    "promote": ("continue past a pauseAfterWave", "#7"),
-    "abort": ("stop a rollout and roll back", "#7"),
-}
+PLANNED: dict[str, tuple[str, str]] = {}
 PLANNED_AGENT: dict[str, tuple[str, str]] = {
     "publish": ("publish a checkpoint version (safetensors shards + manifest)", "#4"),
     "serve": ("serve published versions over http", "#4"),

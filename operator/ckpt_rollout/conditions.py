@@ -18,12 +18,23 @@ class Verdict:
     phase: Phase
     reason: str
     message: str
+    stalled: bool = False  # blocked by something only a user can fix (e.g. SelectorConflict)
 
 
 def _table(v: Verdict) -> dict[str, tuple[bool, str]]:
     """Condition type -> (status, reason) for a verdict."""
     r = v.reason
     p = v.phase
+    if v.stalled:
+        return {
+            "Progressing": (False, r),
+            "Complete": (False, r),
+            "Failed": (False, r),
+            "Paused": (False, r),
+            "Ready": (False, r),
+            "Reconciling": (False, r),
+            "Stalled": (True, r),
+        }
     if p in (Phase.PENDING, Phase.PROGRESSING):
         return {
             "Progressing": (True, r),

@@ -8,10 +8,11 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from ckpt_api.constants import GROUP, PLURAL, VERSION
+from ckpt_rollout import metrics
 from ckpt_rollout.agent_client import AgentClient, TokenFile
 from ckpt_rollout.config import OperatorConfig
 from ckpt_rollout.kube import RolloutApi, load_api_client
-from ckpt_rollout.rollout import Memory, Pod, Reconciler
+from ckpt_rollout.rollout import Memory, Peer, Pod, Reconciler
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,22 @@ def pods_by_namespace(
     return {namespace: Pod(name=name, ip=ip, labels=dict(labels))}
 
 
+@kopf.index(GROUP, VERSION, PLURAL)
+def rollouts_by_namespace(
+    namespace: str | None, name: str, meta: kopf.Meta, spec: kopf.Spec, **_: Any
+) -> dict[str, Peer] | None:
+    """Every CheckpointRollout's selector, to find overlaps without list calls."""
+    if namespace is None:
+        return None
+    return {
+        namespace: Peer(
+            name=name,
+            created=str(meta.get("creationTimestamp") or ""),
+            selector=dict(spec.get("selector") or {}),
+        )
+    }
+
+
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=5.0)
 async def rollout_loop(
     name: str,
@@ -70,6 +87,7 @@ async def rollout_loop(
 ) -> None:
     assert namespace is not None  # CheckpointRollouts are namespaced
     pods_by_namespace: kopf.Index[str, Pod] = kwargs["pods_by_namespace"]
+    rollouts_index: kopf.Index[str, Peer] = kwargs["rollouts_by_namespace"]
     memory = Memory()
     reconciler: Reconciler = memo.reconciler
 
@@ -80,9 +98,11 @@ async def rollout_loop(
         try:
             obj = await memo.api.get(namespace, name)
             pods = list(pods_by_namespace.get(namespace, []))
-            _, delay = await reconciler.step(obj, pods, memory, emit)
+            peers = list(rollouts_index.get(namespace, []))
+            _, delay = await reconciler.step(obj, pods, memory, emit, peers)
         except ApiException as exc:
             if exc.status == 404:
+                metrics.forget((namespace, name))
                 return
             log.warning("%s/%s: API error %s, retrying", namespace, name, exc.status)
             delay = 2.0

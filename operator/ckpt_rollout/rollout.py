@@ -3,58 +3,25 @@ write status. All progress lives in the CR status so a restarted operator resume
 last one stopped: wave membership and the pods already called are written *before* the calls.
 """
 
-import asyncio
-import logging
-import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
-from ckpt_api.spec import CheckpointRolloutSpec, FailureAction
-from ckpt_api.status import TERMINAL_PHASES, Phase, WavePhase
-from ckpt_rollout.agent_client import AgentClient, CallResult
-from ckpt_rollout.conditions import Verdict, evaluate_conditions
+from ckpt_api.constants import GROUP
+from ckpt_api.spec import FailureAction, LabelSelector
+from ckpt_api.status import TERMINAL_PHASES, Phase, WaveKind, WavePhase
+from ckpt_rollout import metrics
+from ckpt_rollout.agent_client import AgentClient
+from ckpt_rollout.conditions import Verdict
+from ckpt_rollout.driving import Emit, Memory, Peer, Pod, StepBase, Tuning, parse_time
 from ckpt_rollout.kube import RolloutApi
-from ckpt_rollout.mergepatch import apply_merge_patch
-from ckpt_rollout.outcomes import Outcome, pulled_outcome, reported_outcome
+from ckpt_rollout.outcomes import Outcome
 from ckpt_rollout.planning import failure_budget, plan_wave
-from ckpt_rollout.selectors import selector_matches
+from ckpt_rollout.rollback import RollbackMixin
+from ckpt_rollout.selectors import selectors_overlap
 
-log = logging.getLogger(__name__)
+PROMOTE_ANNOTATION = f"{GROUP}/promote"  # value: the wave index (0-based) promoted past
+ABORT_ANNOTATION = f"{GROUP}/abort"  # value: the version to abort
 
-Emit = Callable[[str, str, str], None]  # (type, reason, message)
-
-
-def utcnow() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@dataclass(frozen=True)
-class Pod:
-    name: str
-    ip: str
-    labels: Mapping[str, str]
-
-
-@dataclass
-class Tuning:
-    poll_s: float = 0.5
-    idle_poll_s: float = 2.0
-    pull_after_s: float = 5.0
-    pull_every_s: float = 3.0
-    busy_retry_s: float = 1.0
-    call_batch: int = 512
-
-
-@dataclass
-class Memory:
-    """Per-CR in-memory hints. Losing them (a restart) only makes the operator pull sooner."""
-
-    call_times: dict[str, float] = field(default_factory=dict)
-    last_pull: dict[str, float] = field(default_factory=dict)
-    busy_until: dict[str, float] = field(default_factory=dict)
-    announced_failures: set[str] = field(default_factory=set)
+__all__ = ["Memory", "Peer", "Pod", "Reconciler", "Tuning"]
 
 
 class Reconciler:
@@ -64,302 +31,273 @@ class Reconciler:
         self.tuning = tuning or Tuning()
 
     async def step(
-        self, obj: dict[str, Any], pods: list[Pod], memory: Memory, emit: Emit
+        self,
+        obj: dict[str, Any],
+        pods: list[Pod],
+        memory: Memory,
+        emit: Emit,
+        peers: list[Peer] | None = None,
     ) -> tuple[dict[str, Any], float]:
         """Advance the rollout by one step. Returns the (possibly updated) object and how long
         to wait before the next step."""
-        return await _Step(self, obj, pods, memory, emit).run()
+        step = _Step(self.api, self.agents, self.tuning, obj, pods, memory, emit)
+        delay = await step.run(peers or [])
+        return step.obj, delay
 
 
-class _Step:
-    def __init__(
-        self, owner: Reconciler, obj: dict[str, Any], pods: list[Pod], memory: Memory, emit: Emit
-    ) -> None:
-        self.owner = owner
-        self.obj = obj
-        self.meta = obj["metadata"]
-        self.spec = CheckpointRolloutSpec.model_validate(obj["spec"])
-        self.status: dict[str, Any] = obj.get("status") or {}
-        self.pods = {p.name: p for p in pods if selector_matches(self.spec.selector, p.labels)}
-        self.memory = memory
-        self.emit = emit
-        self.tuning = owner.tuning
-        self.now = utcnow()
-
-    # -- status writes -----------------------------------------------------------------------
-
-    async def write(self, changes: dict[str, Any], verdict: Verdict | None = None) -> None:
-        """Merge-patch ``changes`` into status with re-derived counters and conditions; fields
-        that would not change are left out, and nothing is sent when nothing changes."""
-        merged = apply_merge_patch(self.status, changes)
-        derived = self._derived(merged, verdict)
-        patch = {k: v for k, v in changes.items() if self.status.get(k) != v or v is None}
-        patch.update({k: v for k, v in derived.items() if self.status.get(k) != v})
-        patch = {k: v for k, v in patch.items() if not (v is None and k not in self.status)}
-        if not patch:
-            return
-        self.obj = await self.owner.api.patch_status(self.meta["namespace"], self.meta["name"], patch)
-        self.status = self.obj.get("status") or {}
-
-    def _derived(self, status: dict[str, Any], verdict: Verdict | None) -> dict[str, Any]:
-        waves = status.get("waves") or []
-        target = status.get("targetVersion")
-        workers = status.get("workers") or {}
-        done = [w for w in waves if w.get("phase") == WavePhase.COMPLETED]
-        running = {p for w in waves if w.get("phase") != WavePhase.COMPLETED for p in w.get("pods", [])}
-        updated = sum(w.get("updated", 0) for w in done) + sum(
-            1
-            for name, e in workers.items()
-            if name in running and e.get("version") == target and e.get("phase") == "Updated"
-        )
-        failed = sum(1 for e in workers.values() if e.get("version") == target and e.get("phase") == "Failed")
-        total = status.get("totalWaves") or len(self.spec.strategy.waves)
-        derived: dict[str, Any] = {
-            "observedGeneration": self.meta.get("generation"),
-            "replicas": len(self.pods),
-            "updatedReplicas": updated,
-            "failedReplicas": failed,
-            "currentWave": len(done),
-            "waveProgress": f"{len(done)}/{total}",
-        }
-        if verdict is not None:
-            derived["conditions"] = evaluate_conditions(
-                verdict,
-                status.get("conditions") or [],
-                now=self.now,
-                generation=self.meta.get("generation"),
-            )
-        return derived
-
-    # -- the step ----------------------------------------------------------------------------
-
-    async def run(self) -> tuple[dict[str, Any], float]:
-        if self.status.get("targetVersion") != self.spec.version:
-            await self.start_rollout()
-            return self.obj, 0.0
+class _Step(RollbackMixin, StepBase):
+    async def run(self, peers: list[Peer]) -> float:
+        if conflict := self.conflicting_peer(peers):
+            return await self.stall_on_conflict(conflict)
         phase = self.status.get("phase")
+        if self.status.get("targetVersion") != self.spec.version:
+            await self.start_rollout(superseding=phase in (Phase.PROGRESSING, Phase.PAUSED))
+            return 0.0
+        if phase == Phase.ROLLING_BACK:
+            return await self.run_rollback()
         if phase in TERMINAL_PHASES:
+            if phase == Phase.SUCCEEDED and await self.correct_drift():
+                return 0.0
             await self.write({})
-            return self.obj, self.tuning.idle_poll_s
-        if not self.pods and not self.status.get("waves"):
-            await self.write(
-                {"phase": Phase.PENDING, "message": "no Running pod with an IP matches the selector"},
-                Verdict(Phase.PENDING, "NoWorkers", "no Running pod with an IP matches the selector"),
+            return self.tuning.idle_poll_s
+        if self.annotations.get(ABORT_ANNOTATION) == self.spec.version:
+            await self.start_rollback("Aborted", "aborted by user")
+            return 0.0
+        if self.deadline_exceeded():
+            return await self.fail(
+                "ProgressDeadlineExceeded",
+                f"no completion within {self.spec.timeouts.progress_deadline_seconds}s "
+                "(paused time excluded)",
             )
-            return self.obj, self.tuning.idle_poll_s
-        return self.obj, await self.advance()
+        if not self.pods and not self.status.get("waves"):
+            message = "no Running pod with an IP matches the selector"
+            await self.write(
+                {"phase": Phase.PENDING, "message": message}, Verdict(Phase.PENDING, "NoWorkers", message)
+            )
+            return self.tuning.idle_poll_s
+        return await self.advance()
 
-    async def start_rollout(self) -> None:
+    # -- selector conflicts ------------------------------------------------------------------
+
+    def conflicting_peer(self, peers: list[Peer]) -> Peer | None:
+        mine = (self.meta.get("creationTimestamp") or "", self.meta["name"])
+        for peer in peers:
+            if peer.name == self.meta["name"] or (peer.created, peer.name) > mine:
+                continue
+            try:
+                other = LabelSelector.model_validate(peer.selector)
+            except ValueError:
+                continue
+            if selectors_overlap(self.spec.selector, other):
+                return peer
+        return None
+
+    async def stall_on_conflict(self, peer: Peer) -> float:
+        message = f"selector overlaps CheckpointRollout {peer.name} (older); no pod is driven by two rollouts"
+        if self.status.get("message") != message:
+            self.emit("Warning", "SelectorConflict", message)
+        await self.write(
+            {"phase": self.status.get("phase") or Phase.PENDING, "message": message},
+            Verdict(Phase.PENDING, "SelectorConflict", message, stalled=True),
+        )
+        return self.tuning.idle_poll_s
+
+    # -- rollout lifecycle -------------------------------------------------------------------
+
+    async def start_rollout(self, *, superseding: bool) -> None:
         old_target = self.status.get("targetVersion")
         previous = self.status.get("stableVersion") or self.status.get("previousVersion")
+        catch_up: list[str] = []
+        if superseding:
+            # Pods the superseded rollout already called get the newest version first.
+            catch_up = sorted(
+                {p for w in self.status.get("waves") or [] for p in w.get("called", [])} & set(self.pods)
+            )
         message = (
             f"rolling out {self.spec.version} to {len(self.pods)} pods in "
             f"{len(self.spec.strategy.waves)} waves"
         )
-        self.memory.call_times.clear()
-        self.memory.last_pull.clear()
-        self.memory.busy_until.clear()
-        self.memory.announced_failures.clear()
+        if superseding:
+            message = f"{old_target} superseded by {self.spec.version}; " + message
+        waves = []
+        if catch_up:
+            waves.append(
+                {
+                    "index": 0,
+                    "kind": WaveKind.CATCH_UP,
+                    "target": len(catch_up),
+                    "pods": catch_up,
+                    "called": [],
+                    "phase": WavePhase.RUNNING,
+                    "startedAt": self.now,
+                }
+            )
+        self.memory.reset()
         await self.write(
             {
                 "phase": Phase.PROGRESSING,
                 "targetVersion": self.spec.version,
                 "previousVersion": previous,
-                "totalWaves": len(self.spec.strategy.waves),
-                "waves": [],
+                "supersededVersion": old_target if superseding else None,
+                "waves": waves,
                 "workers": None,
+                "rollback": None,
                 "startedAt": self.now,
                 "completedAt": None,
+                "pausedAt": None,
+                "pausedSeconds": 0,
                 "message": message,
             },
             Verdict(Phase.PROGRESSING, "RolloutStarted", message),
         )
-        if old_target and old_target != self.spec.version:
-            log.info("retargeted %s -> %s", old_target, self.spec.version)
+        if superseding:
+            self.emit("Normal", "Superseded", message)
         self.emit("Normal", "RolloutStarted", message)
+
+    def deadline_exceeded(self) -> bool:
+        started = parse_time(self.status.get("startedAt"))
+        now = parse_time(self.now)
+        if started is None or now is None:
+            return False
+        paused = float(self.status.get("pausedSeconds") or 0)
+        paused_at = parse_time(self.status.get("pausedAt"))
+        if paused_at is not None:
+            paused += now - paused_at
+        return now - started - paused > self.spec.timeouts.progress_deadline_seconds
+
+    def pause_reason(self, spec_done: int) -> str | None:
+        if self.spec.paused:
+            return "spec.paused is true"
+        last = spec_done - 1
+        if last < 0 or last not in self.spec.strategy.pause_after_wave:
+            return None
+        promoted = self.annotations.get(PROMOTE_ANNOTATION, "")
+        if promoted.lstrip("-").isdigit() and int(promoted) >= last:
+            return None
+        duration = self.spec.strategy.pause_duration_seconds
+        paused_at = parse_time(self.status.get("pausedAt"))
+        now = parse_time(self.now)
+        if duration and paused_at is not None and now is not None and now - paused_at >= duration:
+            return None
+        waiting_for = f"for {duration}s" if duration else "for promote"
+        return f"paused after wave {last + 1} {waiting_for}"
+
+    async def set_paused(self, reason: str | None) -> None:
+        paused = self.status.get("phase") == Phase.PAUSED
+        if reason and not paused:
+            await self.write(
+                {"phase": Phase.PAUSED, "pausedAt": self.now, "message": reason},
+                Verdict(Phase.PAUSED, "RolloutPaused", reason),
+            )
+            self.emit("Normal", "Paused", reason)
+        elif not reason and paused:
+            began = parse_time(self.status.get("pausedAt")) or parse_time(self.now) or 0.0
+            total = float(self.status.get("pausedSeconds") or 0) + (parse_time(self.now) or began) - began
+            message = f"resumed after {total:.0f}s paused"
+            await self.write(
+                {"phase": Phase.PROGRESSING, "pausedAt": None, "pausedSeconds": total, "message": message},
+                Verdict(Phase.PROGRESSING, "RolloutResumed", message),
+            )
+            self.emit("Normal", "Resumed", message)
 
     async def advance(self) -> float:
         waves: list[dict[str, Any]] = list(self.status.get("waves") or [])
-        index = sum(1 for w in waves if w.get("phase") == WavePhase.COMPLETED)
-        total = len(self.spec.strategy.waves)
-        if index >= total:
-            return await self.finish()
-        if index >= len(waves):
-            await self.start_wave(index, waves)
+        running = next((i for i, w in enumerate(waves) if w.get("phase") == WavePhase.RUNNING), None)
+        spec_done = sum(
+            1
+            for w in waves
+            if w.get("kind", WaveKind.SPEC) == WaveKind.SPEC and w.get("phase") == WavePhase.COMPLETED
+        )
+        reason = (
+            self.pause_reason(spec_done)
+            if running is None
+            else ("spec.paused is true" if self.spec.paused else None)
+        )
+        await self.set_paused(reason)
+        if running is not None:
+            return await self.run_wave(running, waves)
+        if reason:
+            return self.tuning.poll_s
+        if spec_done < len(self.spec.strategy.waves):
+            await self.start_wave(spec_done, waves)
             return 0.0
-        return await self.run_wave(index, waves)
+        late = sorted(set(self.pods) - {p for w in waves for p in w.get("pods", [])})
+        if late:
+            await self.add_wave(waves, WaveKind.DRIFT, late, f"{len(late)} pods joined during the rollout")
+            return 0.0
+        return await self.finish()
 
-    async def start_wave(self, index: int, waves: list[dict[str, Any]]) -> None:
+    async def start_wave(self, spec_index: int, waves: list[dict[str, Any]]) -> None:
         assigned = [p for w in waves for p in w.get("pods", [])]
         members = plan_wave(
-            index=index,
+            index=spec_index,
             waves=self.spec.strategy.waves,
             eligible=self.pods,
             assigned=assigned,
             key=f"{self.meta.get('uid', '')}/{self.spec.version}",
         )
+        if not self.status.get("previousVersion") and members:
+            await self.learn_previous_version(members[0])
+        total = len(self.spec.strategy.waves)
         wave = {
-            "index": index,
+            "index": len(waves),
+            "kind": WaveKind.SPEC,
+            "specIndex": spec_index,
             "target": len(set(assigned) & set(self.pods)) + len(members),
             "pods": members,
             "called": [],
             "phase": WavePhase.RUNNING,
             "startedAt": self.now,
         }
-        message = f"wave {index + 1}/{len(self.spec.strategy.waves)}: {len(members)} pods"
+        message = f"wave {spec_index + 1}/{total}: {len(members)} pods"
         await self.write(
             {"waves": [*waves, wave], "message": message}, Verdict(Phase.PROGRESSING, "WaveStarted", message)
         )
-        self.emit(
-            "Normal",
-            "WaveStarted",
-            message
-            + (f" ({', '.join(members[:5])}" + (", ...)" if len(members) > 5 else ")") if members else ""),
-        )
+        shown = ", ".join(members[:5]) + (", ..." if len(members) > 5 else "")
+        self.emit("Normal", "WaveStarted", f"{message}: {shown}")
 
-    def _request(self, wave: int) -> dict[str, Any]:
-        source: dict[str, Any] = {"uri": self.spec.source.uri}
-        if self.spec.source.manifest_digest:
-            source["manifestDigest"] = self.spec.source.manifest_digest
-        return {
-            "version": self.spec.version,
-            "verify_checksum": self.spec.verify_checksum,
-            "source": source,
-            "rollout": {
-                "namespace": self.meta["namespace"],
-                "name": self.meta["name"],
-                "uid": self.meta.get("uid", ""),
-                "wave": wave,
-            },
+    async def add_wave(self, waves: list[dict[str, Any]], kind: WaveKind, pods: list[str], why: str) -> None:
+        wave = {
+            "index": len(waves),
+            "kind": kind,
+            "target": len(pods),
+            "pods": pods,
+            "called": [],
+            "phase": WavePhase.RUNNING,
+            "startedAt": self.now,
         }
+        message = f"{why}: bringing them to {self.spec.version}"
+        await self.write(
+            {"phase": Phase.PROGRESSING, "waves": [*waves, wave], "completedAt": None, "message": message},
+            Verdict(Phase.PROGRESSING, "WaveStarted", message),
+        )
+        self.emit("Normal", "WaveStarted", message)
+
+    async def learn_previous_version(self, pod: str) -> None:
+        """First rollout of this CR: ask the canary what it serves, so a rollback has a target."""
+        result = await self.agents.status(self.pods[pod].ip, self.spec.agent.port)
+        version = result.body.get("version") if result.accepted else None
+        if version and version != self.spec.version:
+            await self.write({"previousVersion": version})
 
     async def run_wave(self, index: int, waves: list[dict[str, Any]]) -> float:
         wave = dict(waves[index])
-        target = self.spec.version
-        workers: dict[str, Any] = self.status.get("workers") or {}
-        called = set(wave.get("called", []))
-        outcomes = {
-            p: reported_outcome(workers.get(p), target=target, present=p in self.pods, called=p in called)
-            for p in wave.get("pods", [])
-        }
-        await self.announce_failures(outcomes, workers)
 
-        uncalled = [p for p, o in outcomes.items() if o is Outcome.UNCALLED]
-        if uncalled:
-            batch = uncalled[: self.tuning.call_batch]
-            wave["called"] = [*wave.get("called", []), *batch]
-            waves[index] = wave
-            # Intent first: a crash after this write and before the calls is repaired by the
-            # pull fallback (the agent reports it never saw the call), never by a blind re-call.
+        async def persist_called(called: list[str]) -> None:
+            waves[index] = {**wave, "called": called}
             await self.write({"waves": waves})
-            await self.call(batch, index)
-            return 0.0
 
-        waiting = [p for p, o in outcomes.items() if o is Outcome.WAITING]
-        if waiting:
-            await self.check_waiting(waiting, index)
+        outcomes = await self.drive(
+            version=self.spec.version,
+            members=list(wave.get("pods", [])),
+            called=list(wave.get("called", [])),
+            persist_called=persist_called,
+            wave=index,
+            may_call=not self.spec.paused,
+        )
+        if outcomes is None:
             return self.tuning.poll_s
         return await self.complete_wave(index, waves, outcomes)
-
-    async def call(self, pods: list[str], wave: int) -> None:
-        body = self._request(wave)
-        sem = asyncio.Semaphore(self.spec.strategy.max_concurrency)
-        failures: dict[str, Any] = {}
-
-        async def one(name: str) -> None:
-            pod = self.pods[name]
-            async with sem:
-                result = await self.owner.agents.update_weights(pod.ip, self.spec.agent.port, body)
-            self.memory.call_times[name] = time.monotonic()
-            if result.busy:
-                # Another load runs (e.g. a superseded version): it finishes first, then we call.
-                self.memory.busy_until[name] = time.monotonic() + self.tuning.busy_retry_s
-            elif not result.accepted:
-                failures[name] = self._failure_entry(result, wave)
-
-        await asyncio.gather(*(one(p) for p in pods))
-        if failures:
-            await self.write({"workers": failures})
-
-    def _failure_entry(self, result: CallResult, wave: int) -> dict[str, Any]:
-        if result.status == 0:
-            reason, message = "AgentUnreachable", result.error
-        else:
-            reason = str(result.body.get("error") or f"HTTP{result.status}")
-            message = str(result.body.get("message") or result.body)
-        return {
-            "version": self.spec.version,
-            "phase": "Failed",
-            "reason": reason,
-            "message": message[:1000],
-            "lastTransitionTime": self.now,
-            "wave": wave,
-        }
-
-    async def check_waiting(self, waiting: list[str], wave: int) -> None:
-        now = time.monotonic()
-        updates: dict[str, Any] = {}
-        to_pull: list[str] = []
-        recall: list[str] = []
-        for name in waiting:
-            called_at = self.memory.call_times.setdefault(name, now)
-            if now - called_at > self.spec.timeouts.worker_seconds:
-                updates[name] = {
-                    "version": self.spec.version,
-                    "phase": "Failed",
-                    "reason": "WorkerTimeout",
-                    "message": f"no outcome within {self.spec.timeouts.worker_seconds}s",
-                    "lastTransitionTime": self.now,
-                    "wave": wave,
-                }
-                continue
-            busy = self.memory.busy_until.get(name)
-            if busy is not None:
-                if now >= busy:
-                    recall.append(name)
-                continue
-            last = self.memory.last_pull.get(name)
-            due = now - called_at >= self.tuning.pull_after_s or name not in self.memory.last_pull
-            if due and (last is None or now - last >= self.tuning.pull_every_s):
-                to_pull.append(name)
-        if recall:
-            for name in recall:
-                self.memory.busy_until.pop(name, None)
-            await self.call(recall, wave)
-        pulled = await asyncio.gather(
-            *(self.owner.agents.status(self.pods[n].ip, self.spec.agent.port) for n in to_pull)
-        )
-        for name, result in zip(to_pull, pulled, strict=True):
-            self.memory.last_pull[name] = now
-            if not result.accepted:
-                continue  # unreachable for now: the worker timeout decides
-            outcome, reason, message = pulled_outcome(result.body, target=self.spec.version)
-            if outcome is Outcome.UPDATED or outcome is Outcome.FAILED:
-                updates[name] = {
-                    "version": self.spec.version,
-                    "phase": outcome.value,
-                    "reason": reason,
-                    "message": message,
-                    "checksumVerified": bool(result.body.get("checksum_verified")),
-                    "lastTransitionTime": self.now,
-                    "wave": wave,
-                }
-            elif outcome is Outcome.LOST:
-                recall.append(name)
-                await self.call([name], wave)
-        if updates:
-            await self.write({"workers": updates})
-
-    async def announce_failures(self, outcomes: dict[str, Outcome], workers: dict[str, Any]) -> None:
-        for name, outcome in outcomes.items():
-            if outcome is Outcome.FAILED and name not in self.memory.announced_failures:
-                self.memory.announced_failures.add(name)
-                entry = workers.get(name, {})
-                self.emit(
-                    "Warning",
-                    "WorkerFailed",
-                    f"{name}: {entry.get('reason')}: {entry.get('message', '')}"[:1000],
-                )
 
     async def complete_wave(
         self, index: int, waves: list[dict[str, Any]], outcomes: dict[str, Outcome]
@@ -373,65 +311,67 @@ class _Step:
         )
         budget = failure_budget(self.spec.failure_policy.max_failures, len(self.pods))
         if failed_total > budget:
-            return await self.fail(index, waves, failed_here, budget)
-
-        total = len(self.spec.strategy.waves)
-        if index == total - 1:
-            assigned = {p for w in waves for p in w.get("pods", [])}
-            late = sorted(set(self.pods) - assigned)
-            if late:
-                # Pods that appeared during the last wave join it rather than being left behind.
-                wave = dict(waves[index])
-                wave["pods"] = [*wave.get("pods", []), *late]
-                waves[index] = wave
-                await self.write({"waves": waves})
-                return 0.0
+            first = failed_here[0] if failed_here else "?"
+            entry = workers.get(first, {})
+            reason = str(entry.get("reason") or "WorkerFailed")
+            message = (
+                f"wave {index + 1}: worker {first} failed ({reason}: {entry.get('message', '')}); "
+                f"{failed_total} failed > budget {budget}"
+            )
+            wave = {
+                **waves[index],
+                "phase": WavePhase.FAILED,
+                "completedAt": self.now,
+                "failed": len(failed_here),
+            }
+            waves[index] = wave
+            await self.write({"waves": waves})
+            return await self.fail(reason, message)
 
         updated = [p for p, o in outcomes.items() if o is Outcome.UPDATED]
         gone = [p for p, o in outcomes.items() if o is Outcome.GONE]
-        wave = dict(waves[index])
-        wave.update(
-            phase=WavePhase.COMPLETED,
-            completedAt=self.now,
-            updated=len(updated),
-            failed=len(failed_here),
-            gone=len(gone),
-        )
+        wave = {
+            **waves[index],
+            "phase": WavePhase.COMPLETED,
+            "completedAt": self.now,
+            "updated": len(updated),
+            "failed": len(failed_here),
+            "gone": len(gone),
+        }
         waves[index] = wave
         # Fold successes into the wave's counter so status stays small for big fleets;
         # failures stay listed for whoever investigates.
+        changes: dict[str, Any] = {"waves": waves}
         folded = {p: None for p in updated if p in workers}
-        message = f"wave {index + 1}/{total} completed: {len(updated)} updated"
+        if folded:
+            changes["workers"] = folded
+        label = (
+            f"wave {wave['specIndex'] + 1}/{len(self.spec.strategy.waves)}"
+            if wave.get("specIndex") is not None
+            else f"{wave.get('kind')} wave"
+        )
+        message = f"{label} completed: {len(updated)} updated"
         if failed_here:
             message += f", {len(failed_here)} failed (within budget {budget})"
-        await self.write(
-            {"waves": waves, "workers": folded or None, "message": message}
-            if folded
-            else {"waves": waves, "message": message}
-        )
+        changes["message"] = message
+        await self.write(changes)
+        metrics.WORKERS.labels("updated").inc(len(updated))
+        started = parse_time(wave.get("startedAt"))
+        now = parse_time(self.now)
+        if started is not None and now is not None:
+            metrics.WAVE_SECONDS.observe(now - started)
         self.emit("Normal", "WaveCompleted", message)
         return 0.0
 
-    async def fail(self, index: int, waves: list[dict[str, Any]], failed: list[str], budget: int) -> float:
-        workers = self.status.get("workers") or {}
-        first = (
-            failed[0] if failed else next((n for n, e in workers.items() if e.get("phase") == "Failed"), "?")
-        )
-        entry = workers.get(first, {})
-        reason = str(entry.get("reason") or "WorkerFailed")
-        message = (
-            f"wave {index + 1}: worker {first} failed ({reason}: {entry.get('message', '')}); "
-            f"{len(failed)} failed > budget {budget}"
-        )
+    async def fail(self, reason: str, message: str) -> float:
         if self.spec.failure_policy.on_failure is FailureAction.ROLLBACK:
-            message += "; rollback is not implemented yet, halting"
-        wave = dict(waves[index])
-        wave.update(phase=WavePhase.FAILED, completedAt=self.now, failed=len(failed))
-        waves[index] = wave
+            await self.start_rollback(reason, message)
+            return 0.0
         await self.write(
-            {"phase": Phase.FAILED, "waves": waves, "completedAt": self.now, "message": message},
+            {"phase": Phase.FAILED, "completedAt": self.now, "message": message},
             Verdict(Phase.FAILED, reason, message),
         )
+        self.observe_end(Phase.FAILED)
         self.emit("Warning", "RolloutFailed", message)
         return self.tuning.idle_poll_s
 
@@ -442,9 +382,21 @@ class _Step:
                 "phase": Phase.SUCCEEDED,
                 "stableVersion": self.spec.version,
                 "completedAt": self.now,
+                "pausedAt": None,
                 "message": message,
             },
             Verdict(Phase.SUCCEEDED, "RolloutCompleted", message),
         )
+        self.observe_end(Phase.SUCCEEDED)
         self.emit("Normal", "RolloutCompleted", message)
         return self.tuning.idle_poll_s
+
+    async def correct_drift(self) -> bool:
+        """After success, pods that appeared since (new or re-created) get the stable version."""
+        waves: list[dict[str, Any]] = list(self.status.get("waves") or [])
+        new = sorted(set(self.pods) - {p for w in waves for p in w.get("pods", [])})
+        if not new:
+            return False
+        self.emit("Normal", "DriftCorrection", f"{len(new)} new pods: bringing them to {self.spec.version}")
+        await self.add_wave(waves, WaveKind.DRIFT, new, f"{len(new)} pods appeared after the rollout")
+        return True

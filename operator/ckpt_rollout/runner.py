@@ -11,12 +11,25 @@ def run_operator(config: OperatorConfig) -> int:
 
     from ckpt_rollout import handlers  # noqa: F401  (importing registers the kopf handlers)
 
+    if config.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(config.metrics_port, addr=config.liveness_host)
+    if config.leader_election:
+        from ckpt_rollout.leader import LeaseElector
+
+        if not config.lease_namespace:
+            raise SystemExit("--leader-election needs --lease-namespace (or POD_NAMESPACE)")
+        elector = LeaseElector(config.lease_namespace)
+        elector.acquire()
+        elector.keep_renewing()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     kopf.run(
         clusterwide=not config.namespaces,
         namespaces=config.namespaces,
         liveness_endpoint=f"http://{config.liveness_host}:{config.liveness_port}/healthz",
-        standalone=not config.leader_election,
+        # Leadership comes from our Lease, so kopf's own peering (its own CRDs) stays off.
+        standalone=True,
         memo=kopf.Memo(config=config),
     )
     return 0

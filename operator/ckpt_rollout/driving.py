@@ -1,0 +1,312 @@
+"""The base of a reconcile step: status writes with derived fields, and the one primitive every
+phase uses — drive a set of pods to a version (intent-first calls, push outcomes, pull
+fallback, per-worker timeout)."""
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from ckpt_api.spec import CheckpointRolloutSpec
+from ckpt_api.status import Phase, WaveKind, WavePhase
+from ckpt_rollout import metrics
+from ckpt_rollout.agent_client import AgentClient, CallResult
+from ckpt_rollout.conditions import Verdict, evaluate_conditions
+from ckpt_rollout.kube import RolloutApi
+from ckpt_rollout.mergepatch import apply_merge_patch
+from ckpt_rollout.outcomes import Outcome, pulled_outcome, reported_outcome
+from ckpt_rollout.selectors import selector_matches
+
+Emit = Callable[[str, str, str], None]  # (type, reason, message)
+
+
+def utcnow() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: str | None) -> float | None:
+    if not value:
+        return None
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+
+
+@dataclass(frozen=True)
+class Pod:
+    name: str
+    ip: str
+    labels: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Another CheckpointRollout in the same namespace (for selector conflicts)."""
+
+    name: str
+    created: str
+    selector: dict[str, Any]
+
+
+@dataclass
+class Tuning:
+    poll_s: float = 0.5
+    idle_poll_s: float = 2.0
+    pull_after_s: float = 5.0
+    pull_every_s: float = 3.0
+    busy_retry_s: float = 1.0
+    call_batch: int = 512
+
+
+@dataclass
+class Memory:
+    """Per-CR in-memory hints. Losing them (a restart) only makes the operator pull sooner."""
+
+    call_times: dict[str, float] = field(default_factory=dict)
+    last_pull: dict[str, float] = field(default_factory=dict)
+    busy_until: dict[str, float] = field(default_factory=dict)
+    announced: set[str] = field(default_factory=set)
+
+    def reset(self) -> None:
+        self.call_times.clear()
+        self.last_pull.clear()
+        self.busy_until.clear()
+        self.announced.clear()
+
+
+class StepBase:
+    def __init__(
+        self,
+        api: RolloutApi,
+        agents: AgentClient,
+        tuning: Tuning,
+        obj: dict[str, Any],
+        pods: list[Pod],
+        memory: Memory,
+        emit: Emit,
+    ) -> None:
+        self.api = api
+        self.agents = agents
+        self.tuning = tuning
+        self.obj = obj
+        self.meta = obj["metadata"]
+        self.annotations: dict[str, str] = self.meta.get("annotations") or {}
+        self.spec = CheckpointRolloutSpec.model_validate(obj["spec"])
+        self.status: dict[str, Any] = obj.get("status") or {}
+        self.pods = {p.name: p for p in pods if selector_matches(self.spec.selector, p.labels)}
+        self.memory = memory
+        self.emit = emit
+        self.now = utcnow()
+        self.key = (self.meta["namespace"], self.meta["name"])
+
+    # -- status writes -----------------------------------------------------------------------
+
+    async def write(self, changes: dict[str, Any], verdict: Verdict | None = None) -> None:
+        """Merge-patch ``changes`` into status with re-derived counters and conditions; fields
+        that would not change are left out, and nothing is sent when nothing changes."""
+        merged = apply_merge_patch(self.status, changes)
+        derived = self.derived(merged, verdict)
+        patch = {k: v for k, v in changes.items() if self.status.get(k) != v or v is None}
+        patch.update({k: v for k, v in derived.items() if self.status.get(k) != v})
+        patch = {k: v for k, v in patch.items() if not (v is None and k not in self.status)}
+        if not patch:
+            return
+        self.obj = await self.api.patch_status(self.meta["namespace"], self.meta["name"], patch)
+        self.status = self.obj.get("status") or {}
+        metrics.observe_phase(self.key, self.status.get("phase"))
+
+    def derived(self, status: dict[str, Any], verdict: Verdict | None) -> dict[str, Any]:
+        waves = status.get("waves") or []
+        target = status.get("targetVersion")
+        workers = status.get("workers") or {}
+        done = [w for w in waves if w.get("phase") == WavePhase.COMPLETED]
+        running = {p for w in waves if w.get("phase") != WavePhase.COMPLETED for p in w.get("pods", [])}
+        updated = sum(w.get("updated", 0) for w in done) + sum(
+            1
+            for name, e in workers.items()
+            if name in running and e.get("version") == target and e.get("phase") == "Updated"
+        )
+        failed = sum(1 for e in workers.values() if e.get("version") == target and e.get("phase") == "Failed")
+        spec_done = sum(1 for w in done if w.get("kind", WaveKind.SPEC) == WaveKind.SPEC)
+        derived: dict[str, Any] = {
+            "observedGeneration": self.meta.get("generation"),
+            "replicas": len(self.pods),
+            "updatedReplicas": updated,
+            "failedReplicas": failed,
+            "currentWave": spec_done,
+            "totalWaves": len(self.spec.strategy.waves),
+            "waveProgress": f"{spec_done}/{len(self.spec.strategy.waves)}",
+        }
+        if verdict is not None:
+            derived["conditions"] = evaluate_conditions(
+                verdict,
+                status.get("conditions") or [],
+                now=self.now,
+                generation=self.meta.get("generation"),
+            )
+        return derived
+
+    def observe_end(self, phase: Phase) -> None:
+        started = parse_time(self.status.get("startedAt"))
+        now = parse_time(self.now)
+        if started is not None and now is not None:
+            metrics.ROLLOUT_SECONDS.labels(phase.value).observe(now - started)
+
+    # -- driving pods to a version -----------------------------------------------------------
+
+    def request(self, version: str, wave: int) -> dict[str, Any]:
+        source: dict[str, Any] = {"uri": self.spec.source.uri}
+        if self.spec.source.manifest_digest and version == self.spec.version:
+            source["manifestDigest"] = self.spec.source.manifest_digest
+        return {
+            "version": version,
+            "verify_checksum": self.spec.verify_checksum,
+            "source": source,
+            "rollout": {
+                "namespace": self.meta["namespace"],
+                "name": self.meta["name"],
+                "uid": self.meta.get("uid", ""),
+                "wave": wave,
+            },
+        }
+
+    async def drive(
+        self,
+        *,
+        version: str,
+        members: list[str],
+        called: list[str],
+        persist_called: Callable[[list[str]], Awaitable[None]],
+        wave: int,
+        may_call: bool = True,
+    ) -> dict[str, Outcome] | None:
+        """One step toward ``members`` serving ``version``. Returns every member's outcome once
+        all are decided, else None (work continues on the next step)."""
+        workers: dict[str, Any] = self.status.get("workers") or {}
+        called_set = set(called)
+        outcomes = {
+            p: reported_outcome(
+                workers.get(p), target=version, present=p in self.pods, called=p in called_set
+            )
+            for p in members
+        }
+        self.announce_failures(outcomes, workers)
+        uncalled = [p for p, o in outcomes.items() if o is Outcome.UNCALLED]
+        if uncalled and may_call:
+            batch = uncalled[: self.tuning.call_batch]
+            # Intent first: a crash after this write and before the calls is repaired by the
+            # pull fallback (the agent says it never saw the call), never by a blind re-call.
+            await persist_called([*called, *batch])
+            await self.call(batch, version, wave)
+            return None
+        waiting = [p for p, o in outcomes.items() if o is Outcome.WAITING]
+        if waiting:
+            await self.check_waiting(waiting, version, wave)
+            return None
+        if uncalled:
+            return None
+        return outcomes
+
+    async def call(self, pods: list[str], version: str, wave: int) -> None:
+        body = self.request(version, wave)
+        sem = asyncio.Semaphore(self.spec.strategy.max_concurrency)
+        failures: dict[str, Any] = {}
+
+        async def one(name: str) -> None:
+            pod = self.pods[name]
+            async with sem:
+                started = time.monotonic()
+                result = await self.agents.update_weights(pod.ip, self.spec.agent.port, body)
+                metrics.AGENT_CALL_SECONDS.labels("update_weights").observe(time.monotonic() - started)
+            self.memory.call_times[name] = time.monotonic()
+            if result.busy:
+                # Another load runs (e.g. a superseded version): it finishes first, then we call.
+                self.memory.busy_until[name] = time.monotonic() + self.tuning.busy_retry_s
+            elif not result.accepted:
+                failures[name] = self.failure_entry(version, wave, *self.describe(result))
+
+        await asyncio.gather(*(one(p) for p in pods))
+        if failures:
+            await self.write({"workers": failures})
+
+    @staticmethod
+    def describe(result: CallResult) -> tuple[str, str]:
+        if result.status == 0:
+            return "AgentUnreachable", result.error
+        reason = str(result.body.get("error") or f"HTTP{result.status}")
+        return reason, str(result.body.get("message") or result.body)
+
+    def failure_entry(self, version: str, wave: int, reason: str, message: str) -> dict[str, Any]:
+        return {
+            "version": version,
+            "phase": "Failed",
+            "reason": reason,
+            "message": message[:1000],
+            "lastTransitionTime": self.now,
+            "wave": wave,
+        }
+
+    async def check_waiting(self, waiting: list[str], version: str, wave: int) -> None:
+        now = time.monotonic()
+        updates: dict[str, Any] = {}
+        to_pull: list[str] = []
+        recall: list[str] = []
+        for name in waiting:
+            called_at = self.memory.call_times.setdefault(name, now)
+            if now - called_at > self.spec.timeouts.worker_seconds:
+                updates[name] = self.failure_entry(
+                    version, wave, "WorkerTimeout", f"no outcome within {self.spec.timeouts.worker_seconds}s"
+                )
+                continue
+            busy = self.memory.busy_until.get(name)
+            if busy is not None:
+                if now >= busy:
+                    del self.memory.busy_until[name]
+                    recall.append(name)
+                continue
+            last = self.memory.last_pull.get(name)
+            if last is None:
+                # First look since the call (or since a restart): pull once the agent had time
+                # to push, or at once when we can't know when we called.
+                due = now - called_at >= self.tuning.pull_after_s or called_at == now
+            else:
+                due = now - last >= self.tuning.pull_every_s
+            if due:
+                to_pull.append(name)
+        pulled = await asyncio.gather(
+            *(self.agents.status(self.pods[n].ip, self.spec.agent.port) for n in to_pull)
+        )
+        for name, result in zip(to_pull, pulled, strict=True):
+            self.memory.last_pull[name] = now
+            if not result.accepted:
+                continue  # unreachable for now: the worker timeout decides
+            outcome, reason, message = pulled_outcome(result.body, target=version)
+            if outcome is Outcome.UPDATED or outcome is Outcome.FAILED:
+                updates[name] = {
+                    "version": version,
+                    "phase": outcome.value,
+                    "reason": reason,
+                    "message": message[:1000],
+                    "checksumVerified": bool(result.body.get("checksum_verified")),
+                    "lastTransitionTime": self.now,
+                    "wave": wave,
+                }
+            elif outcome is Outcome.LOST:
+                recall.append(name)
+        if recall:
+            await self.call(recall, version, wave)
+        if updates:
+            await self.write({"workers": updates})
+
+    def announce_failures(self, outcomes: dict[str, Outcome], workers: dict[str, Any]) -> None:
+        for name, outcome in outcomes.items():
+            entry = workers.get(name, {})
+            key = f"{name}/{entry.get('version')}"
+            if outcome is Outcome.FAILED and key not in self.memory.announced:
+                self.memory.announced.add(key)
+                metrics.WORKERS.labels("failed").inc()
+                self.emit(
+                    "Warning",
+                    "WorkerFailed",
+                    f"{name}: {entry.get('reason')}: {entry.get('message', '')}"[:1000],
+                )

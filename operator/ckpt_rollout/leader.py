@@ -1,0 +1,120 @@
+"""Leader election on a coordination.k8s.io Lease, so two operator replicas never both drive
+rollouts. The standby blocks until the lease is free or expired; the leader renews it in a
+thread and exits the process if it loses it (Kubernetes restarts it as a standby)."""
+
+import logging
+import os
+import socket
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+LEASE_NAME = "ckpt-rollout-operator"
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _fmt(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    return datetime.strptime(str(value), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+
+
+class LeaseElector:
+    def __init__(
+        self, namespace: str, *, identity: str | None = None, duration_s: int = 15, renew_every_s: float = 5.0
+    ) -> None:
+        from kubernetes import client, config
+
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        self._api = client.CoordinationV1Api()
+        self._client = client
+        self.namespace = namespace
+        self.identity = identity or f"{socket.gethostname()}-{os.getpid()}"
+        self.duration_s = duration_s
+        self.renew_every_s = renew_every_s
+
+    def _try(self) -> bool:
+        """One attempt to acquire or renew; the apiserver's resourceVersion check makes it
+        atomic between replicas."""
+        from kubernetes.client.exceptions import ApiException
+
+        now = _now()
+        try:
+            lease = self._api.read_namespaced_lease(LEASE_NAME, self.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            body = self._client.V1Lease(
+                metadata=self._client.V1ObjectMeta(name=LEASE_NAME),
+                spec=self._client.V1LeaseSpec(
+                    holder_identity=self.identity,
+                    lease_duration_seconds=self.duration_s,
+                    acquire_time=_fmt(now),
+                    renew_time=_fmt(now),
+                ),
+            )
+            try:
+                self._api.create_namespaced_lease(self.namespace, body)
+                return True
+            except ApiException as create_exc:
+                if create_exc.status == 409:
+                    return False
+                raise
+        spec = lease.spec
+        renewed = _parse(spec.renew_time)
+        expired = renewed is None or now > renewed + timedelta(seconds=spec.lease_duration_seconds or 0)
+        if spec.holder_identity != self.identity and not expired:
+            return False
+        if spec.holder_identity != self.identity:
+            spec.acquire_time = _fmt(now)
+            spec.lease_transitions = (spec.lease_transitions or 0) + 1
+        spec.holder_identity = self.identity
+        spec.lease_duration_seconds = self.duration_s
+        spec.renew_time = _fmt(now)
+        try:
+            self._api.replace_namespaced_lease(LEASE_NAME, self.namespace, lease)
+            return True
+        except ApiException as exc:
+            if exc.status == 409:  # someone else wrote first
+                return False
+            raise
+
+    def acquire(self) -> None:
+        log.info("waiting for lease %s/%s as %s", self.namespace, LEASE_NAME, self.identity)
+        while not self._try():
+            time.sleep(1.0)
+        log.info("acquired lease %s/%s", self.namespace, LEASE_NAME)
+
+    def keep_renewing(self) -> threading.Thread:
+        def loop() -> None:
+            last_ok = time.monotonic()
+            while True:
+                time.sleep(self.renew_every_s)
+                try:
+                    if self._try():
+                        last_ok = time.monotonic()
+                        continue
+                except Exception:  # network blips: keep trying until the lease would lapse
+                    log.exception("lease renewal failed")
+                if time.monotonic() - last_ok > self.duration_s - self.renew_every_s:
+                    log.error("lost lease %s/%s; exiting so a standby takes over", self.namespace, LEASE_NAME)
+                    os._exit(1)
+
+        thread = threading.Thread(target=loop, name="lease-renewer", daemon=True)
+        thread.start()
+        return thread
