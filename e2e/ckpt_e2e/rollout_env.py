@@ -255,7 +255,17 @@ def update_calls(worker: Worker, token: str, result: str = "accepted") -> float:
 class OperatorProcess:
     """`ckpt-rollout operator` as a child process that tests can SIGKILL and restart."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, token_file: Path, log_dir: Path) -> None:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        namespace: str,
+        token_file: Path,
+        log_dir: Path,
+        extra_args: list[str] | None = None,
+        name: str = "operator",
+    ) -> None:
+        self.extra_args = extra_args or []
+        self.name = name
         self.kubeconfig = kubeconfig
         self.namespace = namespace
         self.token_file = token_file
@@ -265,7 +275,7 @@ class OperatorProcess:
 
     @property
     def log_path(self) -> Path:
-        return self.log_dir / "operator.log"
+        return self.log_dir / f"{self.name}.log"
 
     def start(self) -> OperatorProcess:
         (liveness_port,) = free_ports(1)
@@ -292,6 +302,10 @@ class OperatorProcess:
         self.starts += 1
         wait_for(lambda: _ok(self.liveness_url), 60, "operator liveness endpoint")
         return self
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def kill(self) -> None:
         """SIGKILL: no cleanup, no final status write — what a node failure looks like."""

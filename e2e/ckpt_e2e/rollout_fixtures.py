@@ -28,11 +28,22 @@ from .rollout_env import (
     worker_deployment,
 )
 
-__all__ = ["Fleet", "checkpoint_source", "crd_installed", "fleet_factory", "operator", "rollouts"]
+__all__ = [
+    "Fleet",
+    "checkpoint_source",
+    "crd_installed",
+    "fleet_factory",
+    "operator",
+    "operator_identity",
+    "rollouts",
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "checkpointrollouts.rollout.ckpt.dev.yaml"
 VERSIONS = {"v1": 1, "v2": 2, "v3": 3}
+# A bigger model, so loads take long enough to act on a rollout mid-wave.
+BIG = {"hidden": 2048, "layers": 6}
+BIG_VERSIONS = {"b1": 21, "b2": 22, "b3": 23}
 
 
 @pytest.fixture(scope="session")
@@ -50,6 +61,8 @@ def checkpoint_source(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chec
     root = work / "versions"
     root.mkdir()
     digests = {v: publish_reference_version(root, v, seed, work) for v, seed in VERSIONS.items()}
+    for version, seed in BIG_VERSIONS.items():
+        digests[version] = publish_reference_version(root, version, seed, work, **BIG)
     with serve_checkpoints(root, work) as source:
         source.digests = digests
         yield source
@@ -109,7 +122,13 @@ def fleet_factory(
     """``fleet_factory(replicas)`` -> a worker Deployment whose pods run real paddle agents
     starting on v1; waits until every agent answers."""
 
-    def make(replicas: int, name: str = "workers", initial_version: str = "v1") -> Fleet:
+    def make(
+        replicas: int,
+        name: str = "workers",
+        initial_version: str = "v1",
+        big: bool = False,
+        extra_args: list[str] | None = None,
+    ) -> Fleet:
         labels = {"app": WORKER_LABEL, "fleet": name}
         kubectl.apply(worker_deployment(name, replicas, labels))
         options = AgentOptions(
@@ -117,6 +136,14 @@ def fleet_factory(
             initial_version=initial_version,
             kubeconfig=cluster.kubeconfig,
             allowed_username=operator_identity[0],
+            extra_args=[
+                *(extra_args or []),
+                *(
+                    ["--model-hidden", str(BIG["hidden"]), "--model-layers", str(BIG["layers"])]
+                    if big
+                    else []
+                ),
+            ],
         )
         runtime = pod_runtime(f"app={WORKER_LABEL},fleet={name}", options.launch)
         token = operator_identity[1].read_text()

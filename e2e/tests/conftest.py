@@ -1,5 +1,25 @@
 """Integration tests on a real control plane; fixtures come from the ckpt_e2e plugin."""
 
 from ckpt_e2e.fixtures import cluster, k8s_api, kubectl, namespace, pod_runtime
+from ckpt_e2e.rollout_fixtures import (
+    checkpoint_source,
+    crd_installed,
+    fleet_factory,
+    operator,
+    operator_identity,
+    rollouts,
+)
 
-__all__ = ["cluster", "k8s_api", "kubectl", "namespace", "pod_runtime"]
+__all__ = [
+    "checkpoint_source",
+    "cluster",
+    "crd_installed",
+    "fleet_factory",
+    "k8s_api",
+    "kubectl",
+    "namespace",
+    "operator",
+    "operator_identity",
+    "pod_runtime",
+    "rollouts",
+]

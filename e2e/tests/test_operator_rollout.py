@@ -134,13 +134,11 @@ def test_operator_killed_mid_wave_resumes_without_double_calls(
     rollouts: Rollouts,
     tmp_path: Any,
 ) -> None:
-    # Big enough that wave 2's loads take a while on this machine.
-    publish_reference_version(checkpoint_source.root, "v-big", 11, tmp_path, hidden=1536, layers=6)
-    fleet = fleet_factory(5)
+    fleet = fleet_factory(5, initial_version="b1", big=True)
     workers = fleet.workers(5)
     rollouts.create(
         "fleet",
-        _spec(checkpoint_source, "v-big", fleet, verifyChecksum=True, strategy={"waves": [1, "60%", "100%"]}),
+        _spec(checkpoint_source, "b2", fleet, verifyChecksum=True, strategy={"waves": [1, "60%", "100%"]}),
     )
 
     def wave2_called() -> dict[str, Any] | None:
@@ -160,4 +158,4 @@ def test_operator_killed_mid_wave_resumes_without_double_calls(
     assert [w["phase"] for w in status["waves"]] == ["Completed"] * 3
     for w in workers:
         assert update_calls(w, fleet.token) == 1, w.name
-        assert _serves(w, fleet.token, checkpoint_source.version_dir("v-big")), w.name
+        assert _serves(w, fleet.token, checkpoint_source.version_dir("b2")), w.name

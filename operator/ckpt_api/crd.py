@@ -53,8 +53,9 @@ class _Converter:
                 out[key] = self.convert(value)
             elif key == "default":
                 if self._keep_defaults and value is not None:
-                    # Objects default to {} so the apiserver fills their nested defaults.
-                    out[key] = {} if isinstance(value, dict) else value
+                    # Objects default to their full value: the apiserver validates a default
+                    # (CEL included) before filling nested defaults into it.
+                    out[key] = value
             else:
                 out[key] = value
         return out

@@ -76,8 +76,8 @@ class AgentClient:
     async def _call(self, method: str, url: str, payload: dict[str, Any] | None) -> CallResult:
         session = await self._ensure()
         last_error = ""
-        # Only connection failures are retried (bounded, with backoff): an HTTP answer of any
-        # status is final, so a request is never applied twice because of a retry.
+        # Only failures to connect are retried (bounded, with backoff): once a request may have
+        # reached the agent, its answer or its timeout is final, so no update is sent twice.
         for attempt in range(self._attempts):
             try:
                 async with session.request(method, url, json=payload, headers=self._headers()) as resp:
@@ -86,9 +86,11 @@ class AgentClient:
                     except (ValueError, aiohttp.ContentTypeError):
                         body = {"message": (await resp.text())[:500]}
                     return CallResult(resp.status, body if isinstance(body, dict) else {"body": body})
-            except (aiohttp.ClientConnectionError, TimeoutError) as exc:
-                last_error = f"{type(exc).__name__}: {exc}"
+            except aiohttp.ClientConnectorError as exc:
+                last_error = f"cannot connect: {exc}"
                 await asyncio.sleep(0.2 * 2**attempt)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                return CallResult(0, {}, f"{type(exc).__name__}: {exc}")
         return CallResult(0, {}, last_error or "unreachable")
 
     async def update_weights(self, ip: str, port: int, body: dict[str, Any]) -> CallResult:

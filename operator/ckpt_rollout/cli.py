@@ -11,13 +11,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 # Subcommands announced in --help before they exist; each names the issue that brings it.
 PLANNED: dict[str, tuple[str, str]] = {}
-PLANNED_AGENT: dict[str, tuple[str, str]] = {
-    "publish": ("publish a checkpoint version (safetensors shards + manifest)", "#4"),
-    "serve": ("serve published versions over http", "#4"),
-    "agent": ("run the worker agent", "#4"),
-}
 PLANNED_BENCH: dict[str, tuple[str, str]] = {
-    "dataplane": ("transport and verify throughput", "#4"),
     "fleet": ("source-only vs peer-relay fleet load time", "#5"),
     "controlplane": ("operator overhead for N workers", "#7"),
 }
@@ -64,15 +58,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     crd = sub.add_parser("crd", help="print the CheckpointRollout CRD (generated from the models)")
     crd.set_defaults(func=_crd)
+    from ckpt_agent.cli import add_bench_commands as add_agent_bench_commands
+    from ckpt_agent.cli import add_commands as add_agent_commands
     from ckpt_rollout.commands import add_commands as add_inspect_commands
     from ckpt_rollout.runner import add_command as add_operator_command
 
     add_operator_command(sub)
     add_inspect_commands(sub)
     _add_planned(sub, PLANNED)
-    _add_planned(sub, PLANNED_AGENT)
+    add_agent_commands(sub)
     bench = sub.add_parser("bench", help="benchmarks that print ratios against limits")
     bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH")
+    add_agent_bench_commands(bench_sub)
     _add_planned(bench_sub, PLANNED_BENCH, prefix="bench ")
     bench.set_defaults(func=_print_help_of(bench))
     return parser

@@ -2,12 +2,15 @@
 rollouts. The standby blocks until the lease is free or expired; the leader renews it in a
 thread and exits the process if it loses it (Kubernetes restarts it as a standby)."""
 
+import contextlib
 import logging
 import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -118,3 +121,27 @@ class LeaseElector:
         thread = threading.Thread(target=loop, name="lease-renewer", daemon=True)
         thread.start()
         return thread
+
+
+class _Alive(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b'{"standby": true}')
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+
+@contextlib.contextmanager
+def liveness_while_standby(host: str, port: int) -> Iterator[None]:
+    """A standby replica is healthy: answer the liveness probe until kopf takes the port."""
+    server = ThreadingHTTPServer((host, port), _Alive)
+    thread = threading.Thread(target=server.serve_forever, name="standby-liveness", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()

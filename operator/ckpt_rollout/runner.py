@@ -16,12 +16,13 @@ def run_operator(config: OperatorConfig) -> int:
 
         start_http_server(config.metrics_port, addr=config.liveness_host)
     if config.leader_election:
-        from ckpt_rollout.leader import LeaseElector
+        from ckpt_rollout.leader import LeaseElector, liveness_while_standby
 
         if not config.lease_namespace:
             raise SystemExit("--leader-election needs --lease-namespace (or POD_NAMESPACE)")
         elector = LeaseElector(config.lease_namespace)
-        elector.acquire()
+        with liveness_while_standby(config.liveness_host, config.liveness_port):
+            elector.acquire()
         elector.keep_renewing()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     kopf.run(

@@ -1,0 +1,360 @@
+"""Rollback, pause/promote/abort, deadlines, supersede, drift, selector conflicts, HA and
+metrics — each on the local control plane with real agents."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ckpt_agent.synth import expected_infer_output
+from ckpt_e2e.fixtures import ClusterHandle
+from ckpt_e2e.procs import free_ports, wait_for
+from ckpt_e2e.rollout_env import (
+    CheckpointSource,
+    OperatorProcess,
+    Rollouts,
+    Worker,
+    corrupt_tensor,
+    http_text,
+    metric_value,
+    publish_reference_version,
+    served_output,
+    update_calls,
+)
+from ckpt_e2e.rollout_fixtures import Fleet
+
+pytestmark = pytest.mark.integration
+
+
+def _spec(source: CheckpointSource, version: str, fleet: Fleet, **extra: Any) -> dict[str, Any]:
+    return {
+        "version": version,
+        "source": {"uri": source.url},
+        "selector": {"matchLabels": fleet.labels},
+        **extra,
+    }
+
+
+def _serving(workers: list[Worker], token: str, source: CheckpointSource) -> dict[str, str | None]:
+    """Which published version each worker's /v1/infer output matches."""
+    outputs = {v: expected_infer_output(source.version_dir(v)) for v in ("v1", "v2", "v3")}
+    found: dict[str, str | None] = {}
+    for w in workers:
+        out = served_output(w, token)
+        found[w.name] = next((v for v, exp in outputs.items() if np.allclose(out, exp, atol=1e-5)), None)
+    return found
+
+
+def _conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in status.get("conditions", [])}
+
+
+def test_pause_after_canary_then_failure_rolls_back(
+    fleet_factory: Callable[..., Fleet],
+    checkpoint_source: CheckpointSource,
+    operator: OperatorProcess,
+    rollouts: Rollouts,
+    tmp_path: Path,
+) -> None:
+    publish_reference_version(checkpoint_source.root, "v-late-bad", 31, tmp_path)
+    fleet = fleet_factory(4)
+    workers = fleet.workers(4)
+    rollouts.create(
+        "fleet",
+        _spec(
+            checkpoint_source,
+            "v-late-bad",
+            fleet,
+            verifyChecksum=True,
+            strategy={"waves": [1, "100%"], "pauseAfterWave": [0]},
+        ),
+    )
+    status = rollouts.wait_phase("fleet", {"Paused"})
+    assert status["waveProgress"] == "1/2"
+    assert _conditions(status)["Paused"]["status"] == "True"
+    (canary,) = status["waves"][0]["pods"]
+
+    # The source goes bad after the canary loaded; promote lets wave 2 hit it.
+    corrupt_tensor(checkpoint_source.version_dir("v-late-bad"), "head.weight")
+    rollouts.api.patch_namespaced_custom_object(
+        "rollout.ckpt.dev",
+        "v1alpha1",
+        rollouts.namespace,
+        "checkpointrollouts",
+        "fleet",
+        {"metadata": {"annotations": {"rollout.ckpt.dev/promote": "0"}}},
+    )
+    status = rollouts.wait_phase("fleet", {"RolledBack", "Failed", "Succeeded"})
+    assert status["phase"] == "RolledBack", status.get("message")
+    assert status["rollback"]["version"] == "v1"
+    assert canary in status["rollback"]["pods"]
+    assert "ChecksumMismatch" in status["message"]
+    assert _conditions(status)["Failed"]["status"] == "True"
+    assert set(_serving(workers, fleet.token, checkpoint_source).values()) == {"v1"}
+    reasons = [e["reason"] for e in rollouts.events("fleet")]
+    assert {"Paused", "RollbackStarted", "RolledBack"} <= set(reasons)
+
+
+def test_abort_rolls_back_and_the_next_version_rolls_out(
+    fleet_factory: Callable[..., Fleet],
+    checkpoint_source: CheckpointSource,
+    operator: OperatorProcess,
+    rollouts: Rollouts,
+) -> None:
+    fleet = fleet_factory(3)
+    workers = fleet.workers(3)
+    rollouts.create(
+        "fleet", _spec(checkpoint_source, "v2", fleet, strategy={"waves": [1, "100%"], "pauseAfterWave": [0]})
+    )
+    status = rollouts.wait_phase("fleet", {"Paused"})
+    (canary,) = status["waves"][0]["pods"]
+    assert _serving(workers, fleet.token, checkpoint_source)[canary] == "v2"
+
+    rollouts.api.patch_namespaced_custom_object(
+        "rollout.ckpt.dev",
+        "v1alpha1",
+        rollouts.namespace,
+        "checkpointrollouts",
+        "fleet",
+        {"metadata": {"annotations": {"rollout.ckpt.dev/abort": "v2"}}},
+    )
+    status = rollouts.wait_phase("fleet", {"RolledBack", "Failed"})
+    assert status["phase"] == "RolledBack"
+    assert _conditions(status)["Failed"]["reason"] == "Aborted"
+    assert set(_serving(workers, fleet.token, checkpoint_source).values()) == {"v1"}
+
+    rollouts.patch_spec("fleet", {"version": "v3", "strategy": {"pauseAfterWave": []}})
+    status = rollouts.wait_phase("fleet", {"Succeeded", "Failed", "RolledBack"})
+    assert status["phase"] == "Succeeded"
+    assert set(_serving(workers, fleet.token, checkpoint_source).values()) == {"v3"}
+
+
+def test_paused_time_does_not_count_toward_the_deadline(
+    fleet_factory: Callable[..., Fleet],
+    checkpoint_source: CheckpointSource,
+    operator: OperatorProcess,
+    rollouts: Rollouts,
+) -> None:
+    fleet = fleet_factory(2)
+    rollouts.create(
+        "fleet",
+        _spec(
+            checkpoint_source,
+            "v2",
+            fleet,
+            paused=True,
+            timeouts={"workerSeconds": 3, "progressDeadlineSeconds": 3},
+        ),
+    )
+    rollouts.wait_phase("fleet", {"Paused"})
+    # Stay paused past the deadline: still Paused, not failed.
+    with pytest.raises(AssertionError):
+        rollouts.wait_phase("fleet", {"Failed", "RolledBack"}, timeout=5)
+    rollouts.patch_spec("fleet", {"paused": False})
+    status = rollouts.wait_phase("fleet", {"Succeeded", "Failed", "RolledBack"})
+    assert status["phase"] == "Succeeded", status.get("message")
+    assert status["pausedSeconds"] >= 4
+
+
+def test_hung_worker_exceeds_the_progress_deadline(
+    fleet_factory: Callable[..., Fleet],
+    checkpoint_source: CheckpointSource,
+    operator: OperatorProcess,
+    rollouts: Rollouts,
+) -> None:
+    fleet = fleet_factory(2)
+    fleet.workers(2)
+    processes = list(fleet.runtime.running().values())
+    for proc in processes:  # every agent hangs: whoever is the canary never answers
+        os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        rollouts.create(
+            "fleet",
+            _spec(
+                checkpoint_source,
+                "v2",
+                fleet,
+                timeouts={"workerSeconds": 2, "progressDeadlineSeconds": 4},
+                failurePolicy={"onFailure": "Halt"},
+            ),
+        )
+        status = rollouts.wait_phase("fleet", {"Failed", "Succeeded"}, timeout=60)
+    finally:
+        for proc in processes:
+            os.kill(proc.pid, signal.SIGCONT)
+    assert status["phase"] == "Failed"
+    reason = _conditions(status)["Failed"]["reason"]
+    assert reason in {"ProgressDeadlineExceeded", "WorkerTimeout", "AgentUnreachable"}, status
+
+
+def test_new_version_mid_rollout_supersedes(
+    fleet_factory: Callable[..., Fleet],
+    checkpoint_source: CheckpointSource,
+    operator: OperatorProcess,
+    rollouts: Rollouts,
+) -> None:
+    fleet = fleet_factory(3, initial_version="b1", big=True)
+    workers = fleet.workers(3)
+    rollouts.create("fleet", _spec(checkpoint_source, "b2", fleet, strategy={"waves": [1, "100%"]}))
+
+    def canary_called() -> dict[str, Any] | None:
+        status = rollouts.status("fleet")
+        waves = status.get("waves") or []
+        return status if waves and waves[0].get("called") else None
+
+    first = wait_for(canary_called, 60, "canary called", interval=0.05)
+    canary = first["waves"][0]["called"][0]
+    rollouts.patch_spec("fleet", {"version": "b3"})
+    status = rollouts.wait_phase("fleet", {"Succeeded", "Failed", "RolledBack"}, timeout=180)
+    assert status["phase"] == "Succeeded", status.get("message")
+    assert status["targetVersion"] == "b3"
+    assert status["supersededVersion"] == "b2"
+    assert status["waves"][0]["kind"] == "CatchUp"
+    assert status["waves"][0]["pods"] == [canary]
+    expected = expected_infer_output(checkpoint_source.version_dir("b3"))
+    for w in workers:
+        assert np.allclose(served_output(w, fleet.token), expected, atol=1e-5), w.name
+    assert "Superseded" in [e["reason"] for e in rollouts.events("fleet")]
+
+
+def test_pod_added_after_success_is_brought_to_the_stable_version(
+    fleet_factory: Callable[..., Fleet],
+    checkpoint_source: CheckpointSource,
+    operator: OperatorProcess,
+    rollouts: Rollouts,
+    cluster: ClusterHandle,
+) -> None:
+    fleet = fleet_factory(2)
+    rollouts.create("fleet", _spec(checkpoint_source, "v2", fleet))
+    rollouts.wait_phase("fleet", {"Succeeded"})
+    fleet.scale(3)
+    workers = fleet.workers(3)
+
+    def all_on_v2() -> bool:
+        return set(_serving(workers, fleet.token, checkpoint_source).values()) == {"v2"}
+
+    wait_for(all_on_v2, 60, "the new pod serving v2", interval=0.5)
+    status = rollouts.wait_phase("fleet", {"Succeeded"})
+    assert status["updatedReplicas"] == 3
+    assert status["waves"][-1]["kind"] == "Drift"
+    pods = cluster.kubectl.in_namespace(rollouts.namespace).json("get", "pods", "-l", f"fleet={fleet.name}")
+    for pod in pods["items"]:
+        conds = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
+        assert conds.get("rollout.ckpt.dev/WeightsReady") == "True", pod["metadata"]["name"]
+
+
+def test_overlapping_selectors_stall_the_later_rollout(
+    fleet_factory: Callable[..., Fleet],
+    checkpoint_source: CheckpointSource,
+    operator: OperatorProcess,
+    rollouts: Rollouts,
+) -> None:
+    fleet = fleet_factory(2)
+    workers = fleet.workers(2)
+    rollouts.create("first", _spec(checkpoint_source, "v2", fleet))
+    rollouts.wait_phase("first", {"Succeeded"})
+    rollouts.create(
+        "second",
+        {**_spec(checkpoint_source, "v3", fleet), "selector": {"matchLabels": {"app": fleet.labels["app"]}}},
+    )
+
+    def stalled() -> dict[str, Any] | None:
+        cond = _conditions(rollouts.status("second")).get("Stalled")
+        return cond if cond and cond["status"] == "True" else None
+
+    cond = wait_for(stalled, 30, "second rollout Stalled")
+    assert cond["reason"] == "SelectorConflict"
+    assert "first" in cond["message"]
+    assert set(_serving(workers, fleet.token, checkpoint_source).values()) == {"v2"}
+    assert all(update_calls(w, fleet.token) == 1 for w in workers)
+
+
+@pytest.fixture
+def operator_pair(
+    cluster: ClusterHandle,
+    crd_installed: None,
+    namespace: str,
+    operator_identity: tuple[str, Path],
+    tmp_path: Path,
+) -> Iterator[tuple[OperatorProcess, OperatorProcess]]:
+    args = ["--leader-election", "--lease-namespace", namespace]
+    pair = tuple(
+        OperatorProcess(cluster.kubeconfig, namespace, operator_identity[1], tmp_path / "ops", args, name=n)
+        for n in ("op-a", "op-b")
+    )
+    for op in pair:
+        op.start()
+    yield pair  # type: ignore[misc]
+    for op in pair:
+        op.stop()
+
+
+def test_two_replicas_hand_over_without_double_updates(
+    fleet_factory: Callable[..., Fleet],
+    checkpoint_source: CheckpointSource,
+    operator_pair: tuple[OperatorProcess, OperatorProcess],
+    rollouts: Rollouts,
+    cluster: ClusterHandle,
+) -> None:
+    fleet = fleet_factory(4, initial_version="b1", big=True)
+    workers = fleet.workers(4)
+    lease = cluster.kubectl.in_namespace(rollouts.namespace)
+
+    def holder() -> str | None:
+        out = lease.run(
+            "get", "lease", "ckpt-rollout-operator", "-o", "jsonpath={.spec.holderIdentity}", check=False
+        )
+        return out.stdout.strip() or None
+
+    wait_for(holder, 30, "a lease holder")
+    rollouts.create("fleet", _spec(checkpoint_source, "b2", fleet, strategy={"waves": [1, 2, "100%"]}))
+
+    def wave2_started() -> bool:
+        return len(rollouts.status("fleet").get("waves") or []) >= 2
+
+    wait_for(wave2_started, 120, "wave 2 started", interval=0.05)
+    active = (
+        next(op for op in operator_pair if str(op.proc.pid) in (holder() or "")) if operator_pair else None
+    )
+    assert active is not None
+    active.kill()
+    status = rollouts.wait_phase("fleet", {"Succeeded", "Failed", "RolledBack"}, timeout=180)
+    assert status["phase"] == "Succeeded", status.get("message")
+    standby = next(op for op in operator_pair if op is not active)
+    assert standby.alive
+    for w in workers:
+        assert update_calls(w, fleet.token) == 1, w.name
+
+
+def test_operator_metrics(
+    fleet_factory: Callable[..., Fleet],
+    checkpoint_source: CheckpointSource,
+    cluster: ClusterHandle,
+    crd_installed: None,
+    namespace: str,
+    operator_identity: tuple[str, Path],
+    rollouts: Rollouts,
+    tmp_path: Path,
+) -> None:
+    (port,) = free_ports(1)
+    op = OperatorProcess(
+        cluster.kubeconfig, namespace, operator_identity[1], tmp_path, ["--metrics-port", str(port)]
+    ).start()
+    try:
+        fleet = fleet_factory(2)
+        rollouts.create("fleet", _spec(checkpoint_source, "v2", fleet))
+        rollouts.wait_phase("fleet", {"Succeeded"})
+        text = http_text(f"http://127.0.0.1:{port}/metrics")
+    finally:
+        op.stop()
+    assert metric_value(text, "ckpt_rollout_workers_total", {"result": "updated"}) == 2
+    assert metric_value(text, "ckpt_rollout_duration_seconds_count", {"phase": "Succeeded"}) == 1
+    assert metric_value(text, "ckpt_rollout_wave_duration_seconds_count") == 2
+    assert metric_value(text, "ckpt_rollout_agent_call_seconds_count", {"call": "update_weights"}) == 2
+    assert metric_value(text, "ckpt_rollout_phase", {"name": "fleet", "phase": "Succeeded"}) == 1
