@@ -16,9 +16,12 @@ This module is stdlib-only so ``e2e/ci-provision.sh`` can run it before any venv
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +29,7 @@ import tarfile
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script before the package is installed
@@ -161,6 +165,27 @@ def _run_go(cmd: list[str], cwd: Path, log: io.TextIOWrapper | None, jobs: int =
     return stdout
 
 
+def _go_binary_name(pkg: str) -> str:
+    """The file `go build -o dir/` writes: the last path element, skipping a /vN suffix."""
+    parts = pkg.split("/")
+    if len(parts) > 1 and re.fullmatch(r"v[2-9][0-9]*", parts[-1]):
+        return parts[-2]
+    return parts[-1]
+
+
+@contextlib.contextmanager
+def _build_lock(component: Component) -> Iterator[None]:
+    """Serialize builds of one component across processes (make, CI and pytest may race)."""
+    path = cache_root() / "build" / f"{component.name}-{component.version}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def build(component: Component, jobs: int) -> None:
     """Build every binary of `component` into the cache (atomic rename, so re-runs are safe)."""
     if shutil.which("go") is None:
@@ -198,8 +223,8 @@ def build(component: Component, jobs: int) -> None:
                     jobs,
                 )
                 for name, pkg in component.packages.items():
-                    built = staging / pkg.rsplit("/", 1)[-1]
-                    if not built.exists():  # `go build -o dir/` names it after the last path element
+                    built = staging / _go_binary_name(pkg)
+                    if not built.exists():
                         raise ProvisionError(f"{name}: go build produced no {built.name}")
                     os.replace(built, dest / name)
             finally:
@@ -295,7 +320,10 @@ def resolve(names: list[str] | None = None, *, jobs: int | None = None) -> dict[
         if not wanted:
             continue
         try:
-            build(component, jobs or default_jobs())
+            with _build_lock(component):
+                # Another process may have finished this build while we waited for the lock.
+                if not all(_is_executable(cached_path(n)) for n in wanted):
+                    build(component, jobs or default_jobs())
         except ProvisionError as build_error:
             if os.environ.get("CKPT_E2E_ALLOW_DOWNLOAD") != "1":
                 raise ProvisionError(
