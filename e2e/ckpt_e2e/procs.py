@@ -113,8 +113,12 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
-def listening_ports() -> set[tuple[str, int]]:
-    """(ip, port) of every TCP listener on this host, read from /proc (no ss/lsof needed)."""
+def listening_ports(pids: set[int] | None = None) -> set[tuple[str, int]]:
+    """(ip, port) of TCP listeners, read from /proc (no ss/lsof needed).
+
+    With `pids`, only sockets those processes hold: other users of the machine listen too.
+    """
+    inodes = None if pids is None else _socket_inodes(pids)
     found: set[tuple[str, int]] = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -125,9 +129,28 @@ def listening_ports() -> set[tuple[str, int]]:
             fields = line.split()
             if fields[3] != "0A":  # TCP_LISTEN
                 continue
+            if inodes is not None and fields[9] not in inodes:
+                continue
             addr_hex, port_hex = fields[1].split(":")
             found.add((_decode_ip(addr_hex), int(port_hex, 16)))
     return found
+
+
+def _socket_inodes(pids: set[int]) -> set[str]:
+    inodes: set[str] = set()
+    for pid in pids:
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    return inodes
 
 
 def _decode_ip(addr_hex: str) -> str:

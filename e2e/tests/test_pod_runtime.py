@@ -125,3 +125,24 @@ def test_deployment_pods_get_loopback_ips_and_processes(
     assert {name: runtime.running()[name].pid for name in before} == before
     assert len(set(after_scale.values())) == 5
     assert runtime.exited == [], f"processes died on their own: {runtime.exited}"
+
+    # Scaling to zero stops every process it started; none is left running.
+    started = [pp.proc for pp in runtime.running().values()]
+    kubectl("scale", "deployment/echo", "--replicas=0")
+    wait_for(lambda: not runtime.running(), 60, "all processes to stop after scale to 0")
+    assert all(proc.poll() is not None for proc in started)
+
+
+def test_pod_runtime_follows_rapid_churn(
+    k8s_api: client.ApiClient, namespace: str, kubectl: Kubectl, pod_runtime: PodRuntimeFactory
+) -> None:
+    """Pods created and deleted faster than processes start: the runtime converges anyway."""
+    core = client.CoreV1Api(k8s_api)
+    runtime = pod_runtime("app=churn", echo_server)
+    kubectl.apply(deployment("churn", 4))
+    for replicas in (1, 6, 2, 5):
+        kubectl("scale", "deployment/churn", f"--replicas={replicas}")
+    final = wait_for(lambda: serving(runtime, 5), 90, "5 serving pods after churn")
+    assert final == wait_for(
+        lambda: exactly(running_pods(core, namespace, "app=churn"), 5), 10, "5 Running pods"
+    )
