@@ -124,9 +124,7 @@ def _publish_state_dict(src: Path, tmp: Path, shard_bytes: int) -> list[TensorEn
     entries: list[TensorEntry] = []
     for index, shard in enumerate(shards):
         name = f"model-{index + 1:05d}-of-{len(shards):05d}.safetensors"
-        views = [
-            (n, dtype, tuple(a.shape), a.reshape(-1).view(np.uint8).data) for n, dtype, a in shard
-        ]
+        views = [(n, dtype, tuple(a.shape), a.reshape(-1).view(np.uint8).data) for n, dtype, a in shard]
         with (tmp / name).open("wb") as f:
             placed = write_file(f, views)
         for stored, (_n, _d, _s, data) in zip(placed, views, strict=True):

@@ -68,14 +68,16 @@ def reference_forward(spec: ReferenceModelSpec, params: dict[str, np.ndarray]) -
 def write_reference_checkpoint(
     directory: Path | str,
     seed: int,
+    spec: ReferenceModelSpec | None = None,
     *,
     hidden: int = 64,
     layers: int = 2,
     outputs: int = 8,
     shards: int = 1,
 ) -> ReferenceModelSpec:
-    """Write the reference model's weights for `seed` as `shards` safetensors files."""
-    spec = ReferenceModelSpec(hidden=hidden, layers=layers, outputs=outputs)
+    """Write the reference model's weights for `seed` as `shards` safetensors files. The shape
+    comes from `spec` when given, else from `hidden`/`layers`/`outputs`."""
+    spec = spec or ReferenceModelSpec(hidden=hidden, layers=layers, outputs=outputs)
     out_dir = Path(directory)
     out_dir.mkdir(parents=True, exist_ok=True)
     items = list(reference_params(spec, seed).items())

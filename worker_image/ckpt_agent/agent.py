@@ -1,0 +1,103 @@
+"""Composition root: build an agent (engine, service, reporting, auth, app) from its config."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from ckpt_agent.app import create_app
+from ckpt_agent.auth import Authenticator, StaticTokenAuthenticator, TokenReviewAuthenticator
+from ckpt_agent.config import AgentConfig
+from ckpt_agent.engines.base import Engine
+from ckpt_agent.httpserver import AppServer
+from ckpt_agent.kube import kube_config_available, new_api_client
+from ckpt_agent.metrics import AgentMetrics
+from ckpt_agent.reporting import DisabledReporter, KubeReporter, StatusReporter
+from ckpt_agent.service import AgentService
+
+log = logging.getLogger(__name__)
+
+
+def create_engine(config: AgentConfig) -> Engine:
+    if config.engine == "fastdeploy":
+        from ckpt_agent.engines.fastdeploy import FastDeployEngine
+
+        return FastDeployEngine(
+            config.fastdeploy_url,
+            update_timeout=config.fastdeploy_update_timeout,
+            max_manifest_bytes=config.max_manifest_bytes,
+        )
+    # Only the paddle engine imports paddle (seconds of import time, hundreds of MB).
+    from ckpt_agent.engines.paddle_engine import PaddleEngine
+
+    return PaddleEngine(
+        config.model,
+        apply_mode=config.apply_mode,
+        chunk_bytes=config.chunk_bytes,
+        max_manifest_bytes=config.max_manifest_bytes,
+        parallelism=config.parallelism,
+    )
+
+
+@dataclass
+class Agent:
+    app: web.Application
+    service: AgentService
+    server: AppServer
+    api_client: Any | None
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    async def start(self) -> None:
+        await self.server.start()
+
+    async def stop(self) -> None:
+        await self.server.stop()
+        if self.api_client is not None:
+            await self.api_client.close()
+
+
+def should_report(config: AgentConfig) -> bool:
+    if config.report is not None:
+        return config.report
+    return bool(config.pod_name and config.pod_namespace and kube_config_available())
+
+
+async def build_agent(config: AgentConfig) -> Agent:
+    config.validate()
+    metrics = AgentMetrics()
+    report = should_report(config)
+    api_client = await new_api_client() if report or config.auth.tokenreview_audience else None
+    reporter: StatusReporter = DisabledReporter()
+    if report:
+        assert config.pod_name is not None
+        assert config.pod_namespace is not None
+        reporter = KubeReporter(
+            api_client, config.pod_name, config.pod_namespace, metrics, attempts=config.report_attempts
+        )
+    authenticator: Authenticator | None = None
+    if config.auth.token_file is not None:
+        authenticator = StaticTokenAuthenticator(config.auth.token_file)
+    elif config.auth.tokenreview_audience is not None:
+        authenticator = TokenReviewAuthenticator(
+            api_client, config.auth.tokenreview_audience, config.auth.allowed_usernames
+        )
+    else:
+        log.warning("authentication is OFF (--no-auth): anyone who can reach the port controls the engine")
+    engine = create_engine(config)
+    service = AgentService(
+        engine,
+        default_source=config.source,
+        reporter=reporter,
+        metrics=metrics,
+        requires_source=config.engine == "paddle",
+        initial_version=config.initial_version,
+        initial_verify=config.initial_verify,
+    )
+    app = create_app(service, authenticator)
+    return Agent(app, service, AppServer(app, config.host, config.port), api_client)

@@ -1,0 +1,173 @@
+"""Bearer-token auth for every agent endpoint but `/healthz`.
+
+Two authenticators: a static token file (outside Kubernetes, or a mounted Secret) and
+TokenReview (the operator's projected service-account token, bound to an audience, from an
+allowed service account). 401 = no or invalid credentials, 403 = valid but not allowed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+log = logging.getLogger(__name__)
+
+OPEN_PATHS = frozenset({"/healthz"})
+
+
+@dataclass(frozen=True)
+class AuthDecision:
+    status: int  # 200 allowed, 401, 403
+    reason: str
+    username: str | None = None
+
+    @property
+    def allowed(self) -> bool:
+        return self.status == 200
+
+
+class Authenticator(Protocol):
+    async def authenticate(self, token: str) -> AuthDecision: ...
+
+
+def bearer_token(header: str | None) -> str | None:
+    if not header:
+        return None
+    scheme, _, token = header.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        return None
+    return token
+
+
+class StaticTokenAuthenticator:
+    """Compares against a token file, re-read when it changes (mounted Secrets are updated in place)."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._stamp: tuple[float, int] | None = None
+        self._token = b""
+        self._load()
+        if not self._token:
+            raise ValueError(f"token file {path} is empty")
+
+    def _load(self) -> None:
+        st = os.stat(self._path)
+        stamp = (st.st_mtime, st.st_size)
+        if stamp != self._stamp:
+            self._token = self._path.read_bytes().strip()
+            self._stamp = stamp
+
+    async def authenticate(self, token: str) -> AuthDecision:
+        try:
+            self._load()
+        except OSError as exc:
+            log.warning("cannot re-read token file %s (%s); using the last token read", self._path, exc)
+        if self._token and hmac.compare_digest(token.encode(), self._token):
+            return AuthDecision(200, "static token")
+        return AuthDecision(401, "invalid token")
+
+
+def decide_token_review(
+    status: Mapping[str, Any], audience: str, allowed_usernames: Collection[str]
+) -> AuthDecision:
+    """Turn a TokenReview status into a decision (pure, so it is testable without a cluster)."""
+    if not status.get("authenticated"):
+        error = status.get("error") or "token not authenticated"
+        return AuthDecision(401, f"token review: {error}")
+    audiences = status.get("audiences") or []
+    if audience not in audiences:
+        return AuthDecision(401, f"token is not valid for audience {audience!r}")
+    username = (status.get("user") or {}).get("username")
+    if not username or username not in allowed_usernames:
+        return AuthDecision(403, f"user {username!r} is not allowed to call this agent", username)
+    return AuthDecision(200, "token review", username)
+
+
+class TokenReviewAuthenticator:
+    """Asks the apiserver; caches answers briefly so a rollout's polling does not flood it."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        audience: str,
+        allowed_usernames: Collection[str],
+        *,
+        ttl_seconds: float = 60.0,
+        negative_ttl_seconds: float = 5.0,
+    ) -> None:
+        self._api = api_client
+        self._audience = audience
+        self._allowed = frozenset(allowed_usernames)
+        self._ttl = ttl_seconds
+        self._negative_ttl = negative_ttl_seconds
+        self._cache: dict[str, tuple[float, AuthDecision]] = {}
+
+    async def authenticate(self, token: str) -> AuthDecision:
+        from kubernetes_asyncio import client
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        key = hashlib.sha256(token.encode()).hexdigest()
+        now = time.monotonic()
+        cached = self._cache.get(key)
+        if cached and cached[0] > now:
+            return cached[1]
+        review = client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token, audiences=[self._audience]))
+        try:
+            result = await client.AuthenticationV1Api(self._api).create_token_review(review)
+        except ApiException as exc:
+            log.warning("TokenReview failed: %s %s", exc.status, exc.reason)
+            return AuthDecision(401, f"token review unavailable (HTTP {exc.status})")
+        except OSError as exc:
+            log.warning("TokenReview failed: %s", exc)
+            return AuthDecision(401, "token review unavailable")
+        status = self._api.sanitize_for_serialization(result.status) or {}
+        decision = decide_token_review(status, self._audience, self._allowed)
+        if len(self._cache) > 1024:
+            self._cache = {k: v for k, v in self._cache.items() if v[0] > now}
+        self._cache[key] = (now + (self._ttl if decision.allowed else self._negative_ttl), decision)
+        return decision
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def auth_middleware(
+    authenticator: Authenticator | None, on_reject: Callable[[str], None] = lambda _reason: None
+) -> Middleware:
+    """`authenticator=None` means auth is off (explicit `--no-auth`)."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if authenticator is None or request.path in OPEN_PATHS:
+            return await handler(request)
+        token = bearer_token(request.headers.get("Authorization"))
+        if token is None:
+            on_reject("missing")
+            return web.json_response(
+                {"error": "Unauthorized", "message": "missing bearer token"},
+                status=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        decision = await authenticator.authenticate(token)
+        if not decision.allowed:
+            on_reject("forbidden" if decision.status == 403 else "invalid")
+            body = {
+                "error": "Forbidden" if decision.status == 403 else "Unauthorized",
+                "message": decision.reason,
+            }
+            headers = {"WWW-Authenticate": 'Bearer error="invalid_token"'} if decision.status == 401 else {}
+            return web.json_response(body, status=decision.status, headers=headers)
+        return await handler(request)
+
+    return middleware

@@ -1,0 +1,299 @@
+"""`ckpt-rollout bench dataplane`: load throughput of the file and http transports, with and
+without verification, against limits measured in the same run (memcpy, raw loopback TCP), plus
+peak extra memory of a streamed load. A benchmark, not a test: it prints figures and ratios.
+
+Loads run the agent's own pipeline (`InProcessLoader`, streamed mode: manifest, compatibility
+check, chunked reads into one reusable buffer, xxh3-128) into a target that discards the bytes,
+so the figures are the data plane's, not paddle's copy into parameters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ckpt_agent.compat import ParamSpec
+from ckpt_agent.engines.base import LoadJob
+from ckpt_agent.loader import ApplyFn, InProcessLoader
+from ckpt_agent.manifest import MANIFEST_NAME, TensorEntry, parse_manifest
+from ckpt_agent.pause_gate import PauseGate
+from ckpt_agent.publish import publish
+from ckpt_agent.reader import LoadProgress
+from ckpt_agent.safetensors_format import write_file
+
+GB = 1e9
+MiB = 1 << 20
+VERSION = "bench"
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class RssSampler:
+    """Peak resident memory above the level when it started, sampled every millisecond."""
+
+    def __init__(self) -> None:
+        self.baseline = _rss_bytes()
+        self.peak = self.baseline
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.001):
+            self.peak = max(self.peak, _rss_bytes())
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss_bytes())
+
+    @property
+    def extra_bytes(self) -> int:
+        return self.peak - self.baseline
+
+
+def _best_gbps(nbytes: int, repeat: int, run: Callable[[], None]) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        started = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - started)
+    return nbytes / best / GB
+
+
+def measure_memcpy(nbytes: int, repeat: int) -> float:
+    src = np.ones(nbytes, dtype=np.uint8)
+    dst = np.zeros(nbytes, dtype=np.uint8)  # touched: page faults are not what we measure
+    return _best_gbps(nbytes, repeat, lambda: np.copyto(dst, src))
+
+
+def measure_tcp(nbytes: int, chunk: int, repeat: int) -> float:
+    """Raw loopback TCP: one sender thread `sendall`s, the receiver `recv_into`s one buffer."""
+    payload = memoryview(np.ones(min(nbytes, 64 * MiB), dtype=np.uint8).data)
+    sink = memoryview(np.zeros(chunk, dtype=np.uint8).data)
+
+    def once() -> None:
+        with socket.create_server(("127.0.0.1", 0)) as server:
+
+            def send() -> None:
+                conn, _ = server.accept()
+                with conn:
+                    left = nbytes
+                    while left:
+                        step = min(left, payload.nbytes)
+                        conn.sendall(payload[:step])
+                        left -= step
+
+            sender = threading.Thread(target=send)
+            sender.start()
+            with socket.create_connection(server.getsockname()) as sock:
+                left = nbytes
+                while left:
+                    got = sock.recv_into(sink, min(left, chunk))
+                    if not got:
+                        raise RuntimeError("sender closed early")
+                    left -= got
+            sender.join()
+
+    return _best_gbps(nbytes, repeat, once)
+
+
+def write_bench_checkpoint(directory: Path, nbytes: int, tensor_bytes: int, shards: int = 2) -> None:
+    directory.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    count = max(1, nbytes // tensor_bytes)
+    per_shard = -(-count // shards)
+    for shard in range(shards):
+        names = range(shard * per_shard, min(count, (shard + 1) * per_shard))
+        tensors = [
+            (f"t{i:05d}", "F32", (tensor_bytes // 4,), memoryview(rng.bytes(tensor_bytes - tensor_bytes % 4)))
+            for i in names
+        ]
+        if tensors:
+            with (directory / f"model-{shard + 1:05d}-of-{shards:05d}.safetensors").open("wb") as f:
+                write_file(f, tensors)
+
+
+class DiscardTarget:
+    """Accepts any tensor of the manifest and drops the bytes."""
+
+    def __init__(self, tensors: Mapping[str, TensorEntry]) -> None:
+        self._specs = {name: ParamSpec(t.dtype, t.shape) for name, t in tensors.items()}
+
+    def parameter_specs(self) -> Mapping[str, ParamSpec]:
+        return self._specs
+
+    @contextmanager
+    def applying(self) -> Iterator[ApplyFn]:
+        yield lambda _entry, _data: None
+
+
+class _NoEngine:
+    async def pause(self) -> None:
+        pass
+
+    async def resume(self) -> None:
+        pass
+
+    async def is_paused(self) -> bool:
+        return False
+
+
+def measure_load(
+    uri: str, target: DiscardTarget, nbytes: int, *, verify: bool, chunk: int, repeat: int
+) -> tuple[float, int]:
+    """Best GB/s of a streamed load, and the peak extra RSS over all runs."""
+    loader = InProcessLoader(target, apply_mode="streamed", chunk_bytes=chunk)
+    peak = 0
+
+    def once() -> None:
+        nonlocal peak
+        job = LoadJob(VERSION, verify, uri, None, None)
+        with RssSampler() as rss:
+            asyncio.run(loader.load(job, PauseGate(_NoEngine()), LoadProgress()))
+        peak = max(peak, rss.extra_bytes)
+
+    return _best_gbps(nbytes, repeat, once), peak
+
+
+@contextmanager
+def source_server(root: Path) -> Iterator[str]:
+    """`ckpt-rollout serve` in its own process, as in production; yields its URL."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ckpt_agent", "serve", str(root), "--port", "0", "--log-level", "warning"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the banner, printed once the socket is bound
+        match = re.search(r"(http://\S+)", line)
+        if not match:
+            raise RuntimeError(f"serve did not start: {line!r}")
+        yield match.group(1)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def run_dataplane(
+    size_mb: int, tensor_mb: int, chunk_mb: int, repeat: int, workdir: str | None
+) -> dict[str, Any]:
+    chunk = chunk_mb * MiB
+    results: dict[str, Any] = {
+        "size_mb": size_mb,
+        "tensor_mb": tensor_mb,
+        "chunk_mb": chunk_mb,
+        "cpus": os.cpu_count(),
+    }
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    log("measuring memcpy and loopback TCP ...")
+    results["memcpy_gbps"] = measure_memcpy(min(size_mb, 256) * MiB, repeat)
+    results["tcp_gbps"] = measure_tcp(size_mb * MiB, chunk, repeat)
+    with tempfile.TemporaryDirectory(dir=workdir, prefix="ckpt-bench-") as tmp:
+        root = Path(tmp) / "root"
+        log(f"publishing a {size_mb} MiB checkpoint ...")
+        write_bench_checkpoint(Path(tmp) / "src", size_mb * MiB, tensor_mb * MiB)
+        publish(Path(tmp) / "src", VERSION, root)
+        shutil.rmtree(Path(tmp) / "src")
+        manifest = parse_manifest((root / VERSION / MANIFEST_NAME).read_bytes())
+        target = DiscardTarget({t.name: t for t in manifest.tensors})
+        nbytes = manifest.total_bytes
+        peak = 0
+
+        def measure(name: str, uri: str) -> None:
+            nonlocal peak
+            log(f"loading over {name} ...")
+            for key, verify in ((name, False), (f"{name}_verify", True)):
+                gbps, extra = measure_load(uri, target, nbytes, verify=verify, chunk=chunk, repeat=repeat)
+                results[f"{key}_gbps"] = gbps
+                peak = max(peak, extra)
+
+        measure("file", f"file://{root}")
+        with source_server(root) as url:
+            measure("http", url)
+        results["largest_tensor_mb"] = manifest.largest_tensor_bytes / MiB
+    results["peak_extra_rss_mb"] = peak / MiB
+    results["rss_budget_mb"] = chunk_mb + results["largest_tensor_mb"]
+    results["ratios"] = {
+        "http_over_tcp": results["http_gbps"] / results["tcp_gbps"],
+        "file_over_memcpy": results["file_gbps"] / results["memcpy_gbps"],
+        "file_verify_cost": 1 - results["file_verify_gbps"] / results["file_gbps"],
+        "http_verify_cost": 1 - results["http_verify_gbps"] / results["http_gbps"],
+    }
+    r = results["ratios"]
+    results["targets_met"] = {
+        "http_ge_half_tcp": r["http_over_tcp"] >= 0.5,
+        "file_ge_half_memcpy": r["file_over_memcpy"] >= 0.5,
+        "verify_cost_le_10pct": max(r["file_verify_cost"], r["http_verify_cost"]) <= 0.10,
+        "rss_within_budget": results["peak_extra_rss_mb"] <= results["rss_budget_mb"],
+    }
+    return results
+
+
+def format_report(r: dict[str, Any]) -> str:
+    ratios, met = r["ratios"], r["targets_met"]
+
+    def mark(ok: bool) -> str:
+        return "ok  " if ok else "MISS"
+
+    return "\n".join(
+        [
+            f"dataplane bench: {r['size_mb']} MiB, {r['tensor_mb']} MiB tensors, {r['chunk_mb']} MiB chunks, "
+            f"{r['cpus']} CPUs",
+            f"  memcpy            {r['memcpy_gbps']:7.2f} GB/s",
+            f"  loopback tcp      {r['tcp_gbps']:7.2f} GB/s",
+            f"  file load         {r['file_gbps']:7.2f} GB/s   verify {r['file_verify_gbps']:7.2f} GB/s",
+            f"  http load         {r['http_gbps']:7.2f} GB/s   verify {r['http_verify_gbps']:7.2f} GB/s",
+            f"  [{mark(met['http_ge_half_tcp'])}] http / tcp        "
+            f"{ratios['http_over_tcp']:.2f}  (target >= 0.5)",
+            f"  [{mark(met['file_ge_half_memcpy'])}] file / memcpy     "
+            f"{ratios['file_over_memcpy']:.2f}  (target >= 0.5)",
+            f"  [{mark(met['verify_cost_le_10pct'])}] verify cost       "
+            f"file {ratios['file_verify_cost']:.1%}, http {ratios['http_verify_cost']:.1%}  (target <= 10%)",
+            f"  [{mark(met['rss_within_budget'])}] peak extra RSS    {r['peak_extra_rss_mb']:.1f} MiB  "
+            f"(budget: chunk + largest tensor = {r['rss_budget_mb']:.1f} MiB)",
+        ]
+    )
+
+
+def main_dataplane(args: argparse.Namespace) -> int:
+    results = run_dataplane(args.size_mb, args.tensor_mb, args.chunk_mb, args.repeat, args.dir)
+    if args.json:
+        print(format_report(results), file=sys.stderr)
+        print(json.dumps(results, sort_keys=True))
+    else:
+        print(format_report(results))
+    return 0
+
+
+if __name__ == "__main__":
+    # `python -m ckpt_agent.bench [dataplane flags]`, before or without the top-level CLI.
+    from ckpt_agent.cli import main
+
+    sys.exit(main(["bench", "dataplane", *sys.argv[1:]]))

@@ -1,0 +1,202 @@
+"""Subcommands the agent package contributes to `ckpt-rollout` (publish, serve, agent, and
+`bench dataplane`). Each handler imports its implementation lazily so `--help` stays fast."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from ckpt_api.constants import DEFAULT_AGENT_PORT
+
+SubParsers = Any  # argparse._SubParsersAction is private; this is what add_parser is called on
+
+DEFAULT_SOURCE_PORT = 8090
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+# -- publish ---------------------------------------------------------------------------------------
+def _publish(args: argparse.Namespace) -> int:
+    from ckpt_agent.publish import PublishError, publish
+
+    try:
+        digest = publish(Path(args.src), args.version, Path(args.out), shard_bytes=args.shard_mb << 20)
+    except PublishError as exc:
+        print(f"ckpt-rollout publish: {exc}", file=sys.stderr)
+        return 1
+    print(digest)
+    return 0
+
+
+# -- serve -----------------------------------------------------------------------------------------
+def _serve(args: argparse.Namespace) -> int:
+    from ckpt_agent.httpserver import AppServer, serve_until_signalled
+    from ckpt_agent.serve import create_source_app
+
+    _setup_logging(args.log_level)
+    root = Path(args.root)
+    if not root.is_dir():
+        print(f"ckpt-rollout serve: {root} is not a directory", file=sys.stderr)
+        return 1
+    server = AppServer(create_source_app(root), args.host, args.port)
+    asyncio.run(serve_until_signalled(server, f"serving {root} on"))
+    return 0
+
+
+# -- agent -----------------------------------------------------------------------------------------
+def config_from_args(args: argparse.Namespace, env: dict[str, str] | None = None) -> Any:
+    from ckpt_agent.config import AgentConfig, AuthConfig, default_host
+    from ckpt_agent.synth import ReferenceModelSpec
+
+    environ = dict(os.environ) if env is None else env
+    usernames = tuple(u.strip() for u in (args.allowed_usernames or "").split(",") if u.strip())
+    return AgentConfig(
+        host=args.host or default_host(environ),
+        port=args.port,
+        engine=args.engine,
+        source=args.source,
+        initial_version=args.initial_version,
+        initial_verify=args.initial_verify,
+        apply_mode=args.apply_mode,
+        chunk_bytes=args.chunk_mb << 20,
+        parallelism=args.parallelism,
+        max_manifest_bytes=args.max_manifest_mb << 20,
+        model=ReferenceModelSpec(
+            hidden=args.model_hidden, layers=args.model_layers, outputs=args.model_outputs
+        ),
+        fastdeploy_url=args.fastdeploy_url,
+        fastdeploy_update_timeout=args.fastdeploy_update_timeout,
+        auth=AuthConfig(
+            token_file=Path(args.auth_token_file) if args.auth_token_file else None,
+            tokenreview_audience=args.tokenreview_audience,
+            allowed_usernames=usernames,
+            disabled=args.no_auth,
+        ),
+        report=args.report,
+        pod_name=environ.get("POD_NAME") or None,
+        pod_namespace=environ.get("POD_NAMESPACE") or None,
+    )
+
+
+async def _agent_main(config: Any) -> None:
+    from ckpt_agent.agent import build_agent
+    from ckpt_agent.httpserver import serve_until_signalled
+
+    agent = await build_agent(config)
+    try:
+        await serve_until_signalled(agent.server, f"ckpt-agent ({config.engine}) listening on")
+    finally:
+        if agent.api_client is not None:
+            await agent.api_client.close()
+
+
+def _agent(args: argparse.Namespace) -> int:
+    from ckpt_agent.config import ConfigError
+
+    _setup_logging(args.log_level)
+    config = config_from_args(args)
+    try:
+        config.validate()
+    except ConfigError as exc:
+        print(f"ckpt-rollout agent: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(_agent_main(config))
+    return 0
+
+
+def _add_agent_parser(sub: SubParsers) -> None:
+    p = sub.add_parser("agent", help="run the worker agent (weight loads, FastDeploy-style control API)")
+    p.add_argument("--host", default=None, help="bind address (default: $POD_IP, else 127.0.0.1)")
+    p.add_argument("--port", type=int, default=DEFAULT_AGENT_PORT)
+    p.add_argument("--engine", choices=["paddle", "fastdeploy"], default="paddle")
+    p.add_argument("--source", help="default checkpoint source: http(s)://host:port[/prefix] or file:///path")
+    p.add_argument("--initial-version", help="version to load at startup (paddle) or that the engine serves")
+    p.add_argument(
+        "--initial-verify",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="verify the initial load",
+    )
+    p.add_argument("--apply-mode", choices=["staged", "streamed"], default="staged")
+    p.add_argument("--chunk-mb", type=int, default=8, help="read size per transport call")
+    p.add_argument("--parallelism", type=int, default=1, help="concurrent streams for staged loads")
+    p.add_argument("--max-manifest-mb", type=int, default=64)
+    p.add_argument("--model-hidden", type=int, default=64, help="reference model width")
+    p.add_argument("--model-layers", type=int, default=2, help="reference model depth")
+    p.add_argument("--model-outputs", type=int, default=8)
+    p.add_argument("--fastdeploy-url", default="http://127.0.0.1:8000")
+    p.add_argument("--fastdeploy-update-timeout", type=float, default=1800.0)
+    p.add_argument("--auth-token-file", help="accept the bearer token stored in this file")
+    p.add_argument("--tokenreview-audience", help="check bearer tokens with TokenReview for this audience")
+    p.add_argument("--allowed-usernames", help="comma-separated, e.g. system:serviceaccount:ns:operator")
+    p.add_argument("--no-auth", action="store_true", help="no authentication (local development only)")
+    p.add_argument(
+        "--report",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="write status.workers.<pod> and the WeightsReady condition (default: when in a cluster)",
+    )
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=_agent)
+
+
+def add_commands(sub: SubParsers) -> None:
+    """Register `publish`, `serve` and `agent` on the `ckpt-rollout` subparsers."""
+    p = sub.add_parser("publish", help="publish a checkpoint version (safetensors shards + manifest)")
+    p.add_argument("src", metavar="SRC", help="directory of *.safetensors files, or a paddle state dict file")
+    p.add_argument("--version", required=True, help="version name, e.g. global_step_1200")
+    p.add_argument("--out", required=True, metavar="ROOT", help="root of the published tree")
+    p.add_argument("--shard-mb", type=int, default=4096, help="shard size when writing a state dict")
+    p.set_defaults(func=_publish)
+
+    p = sub.add_parser("serve", help="serve published versions over http (range requests, sendfile)")
+    p.add_argument("root", metavar="ROOT")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=DEFAULT_SOURCE_PORT)
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=_serve)
+
+    _add_agent_parser(sub)
+
+
+# -- bench -----------------------------------------------------------------------------------------
+def _bench_dataplane(args: argparse.Namespace) -> int:
+    from ckpt_agent.bench import main_dataplane
+
+    return main_dataplane(args)
+
+
+def add_bench_commands(bench_sub: SubParsers) -> None:
+    """Register `dataplane` under `ckpt-rollout bench`."""
+    p = bench_sub.add_parser("dataplane", help="transport and verify throughput against memcpy/TCP")
+    p.add_argument("--size-mb", type=int, default=512)
+    p.add_argument("--tensor-mb", type=int, default=64, help="size of each synthetic tensor")
+    p.add_argument("--chunk-mb", type=int, default=8)
+    p.add_argument("--repeat", type=int, default=3, help="runs per figure; the best is kept")
+    p.add_argument("--dir", help="scratch directory (default: system temp)")
+    p.add_argument(
+        "--json", action="store_true", help="print only one JSON object (human lines go to stderr)"
+    )
+    p.set_defaults(func=_bench_dataplane)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Standalone parser for `python -m ckpt_agent` (the worker image's entrypoint)."""
+    parser = argparse.ArgumentParser(prog="ckpt-agent", description="ckpt-rollout worker agent and tools")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    add_commands(sub)
+    bench = sub.add_parser("bench", help="benchmarks")
+    add_bench_commands(bench.add_subparsers(dest="bench", metavar="BENCH", required=True))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))

@@ -1,0 +1,44 @@
+"""Run an aiohttp app on host:port (port 0 picks a free one) until stopped or signalled."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+from aiohttp import web
+
+
+class AppServer:
+    def __init__(self, app: web.Application, host: str, port: int) -> None:
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self.host = host
+        self.port = port
+
+    async def start(self) -> None:
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()
+
+
+async def serve_until_signalled(server: AppServer, banner: str) -> None:
+    """Start, print `banner` + the URL (scripts parse it to find a port-0 server), wait for
+    SIGINT/SIGTERM, then shut down cleanly."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    try:
+        print(f"{banner} {server.url}", flush=True)
+        await stop.wait()
+    finally:
+        await server.stop()

@@ -1,0 +1,300 @@
+"""The agent's core: accepts update requests, runs one load at a time, keeps status, reports."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from ckpt_agent.engines.base import Engine, LiveWeights, LoadJob
+from ckpt_agent.errors import LoadError, Reason, RequestError
+from ckpt_agent.metrics import AgentMetrics
+from ckpt_agent.pause_gate import USER, PauseGate
+from ckpt_agent.reader import LoadProgress
+from ckpt_agent.report import Phase, WorkerEntry, rfc3339
+from ckpt_agent.reporting import StatusReporter
+from ckpt_agent.update_request import RolloutRef, SourceSpec, UpdateRequest
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_GRACE_SECONDS = 30.0
+UPDATE_COUNTS = ("accepted", "noop", "conflict", "rejected", "succeeded", "failed")
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class LastError:
+    version: str
+    reason: str
+    message: str
+
+
+class AgentService:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        default_source: str | None,
+        reporter: StatusReporter,
+        metrics: AgentMetrics,
+        requires_source: bool,
+        initial_version: str | None = None,
+        initial_verify: bool = True,
+    ) -> None:
+        self.engine = engine
+        self.gate = PauseGate(engine)
+        self.reporter = reporter
+        self.metrics = metrics
+        self._default_source = default_source
+        self._requires_source = requires_source
+        self._initial = (initial_version, initial_verify)
+        self.live: LiveWeights | None = None
+        self.weights_lost = False
+        self.state = "idle"
+        self.target: str | None = None
+        self.progress = LoadProgress()
+        self.last_error: LastError | None = None
+        self.last_load: dict[str, Any] | None = None
+        self.updates: Counter[str] = Counter()
+        self._task: asyncio.Task[None] | None = None
+        self._job: LoadJob | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.engine.start()
+        version, verify = self._initial
+        if version is not None and self._default_source is None and self._requires_source:
+            raise ValueError("--initial-version needs --source to load from")
+        if version is not None and self._requires_source:
+            self._begin(UpdateRequest(version, verify, None, None))
+        else:
+            # An engine that loaded its own weights at boot (FastDeploy) serves them already.
+            if version is not None:
+                self.live = LiveWeights(version, self._default_source, None, False)
+                self.metrics.set_live_version(version)
+            self.reporter.weights_ready(
+                True, Reason.LOADED, f"serving {version or 'the engine boot weights'}"
+            )
+
+    async def close(self) -> None:
+        if self._task is not None and not self._task.done():
+            assert self._job is not None
+            self._job.cancel.set()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), SHUTDOWN_GRACE_SECONDS)
+            except TimeoutError:
+                log.warning("load of %s still running at shutdown", self.target)
+        await self.engine.close()
+        await self.reporter.close()
+
+    # -- requests ------------------------------------------------------------------------------
+    @property
+    def loading(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def request_update(self, req: UpdateRequest) -> Reply:
+        if self.loading:
+            self._count("conflict")
+            return Reply(
+                409,
+                {
+                    "error": "LoadInProgress",
+                    "message": f"a load of {self.target} is running; retry when it finishes",
+                    "target": self.target,
+                },
+            )
+        if self.live is not None and self.live.version == req.version and not self.weights_lost:
+            self._count("noop")
+            if self.state == "failed":
+                self.state = "idle"
+            if req.rollout is not None:
+                self._report(
+                    req.rollout, req.version, "Updated", Reason.LOADED, f"{req.version} is live", 0, 0.0
+                )
+            return Reply(200, {"accepted": True, "noop": True, "version": req.version})
+        if self._requires_source and req.source is None and self._default_source is None:
+            self._count("rejected")
+            raise RequestError(
+                "the request has no source and the agent was started without --source", field="source"
+            )
+        self._count("accepted")
+        self._begin(req)
+        return Reply(202, {"accepted": True, "version": req.version})
+
+    def reject(self, error: RequestError, version: object, rollout: RolloutRef | None) -> None:
+        """Book a refused request; an invalid version is also a failed update worth reporting."""
+        self._count("rejected")
+        if error.reason == Reason.INVALID_VERSION:
+            shown = str(version)[:256]
+            self.last_error = LastError(shown, error.reason, error.message)
+            if rollout is not None:
+                self._report(rollout, shown, "Failed", error.reason, error.message, 0, 0.0)
+
+    def _count(self, result: str) -> None:
+        self.updates[result] += 1
+        self.metrics.update_requests.labels(result).inc()
+
+    async def pause(self) -> None:
+        await self.gate.acquire(USER)
+        self.metrics.paused.set(1)
+
+    async def resume(self) -> None:
+        await self.gate.release(USER)
+        self.metrics.paused.set(1 if await self.engine.is_paused() else 0)
+
+    # -- loads ---------------------------------------------------------------------------------
+    def _begin(self, req: UpdateRequest) -> None:
+        source = req.source or (SourceSpec(self._default_source) if self._default_source else None)
+        job = LoadJob(
+            version=req.version,
+            verify_checksum=req.verify_checksum,
+            source_uri=source.uri if source else None,
+            manifest_digest=source.manifest_digest if source else None,
+            previous=None if self.weights_lost else self.live,
+        )
+        self._job = job
+        self.state = "loading"
+        self.target = req.version
+        self.progress = LoadProgress()
+        self._task = asyncio.create_task(self._run(job, req.rollout), name=f"load-{req.version}")
+
+    async def _run(self, job: LoadJob, rollout: RolloutRef | None) -> None:
+        started = time.monotonic()
+        self.metrics.load_in_progress.set(1)
+        self.reporter.weights_ready(False, "Loading", f"loading {job.version}")
+        if rollout is not None:
+            self._report(rollout, job.version, "Loading", "Loading", f"loading {job.version}", 0, 0.0)
+        try:
+            outcome = await self.engine.load(job, self.gate, self.progress)
+        except Exception as exc:
+            error = (
+                exc if isinstance(exc, LoadError) else LoadError(Reason.ENGINE_ERROR, f"load failed: {exc!r}")
+            )
+            if not isinstance(exc, LoadError):
+                log.exception("load of %s failed unexpectedly", job.version)
+            self._failed(job, error, rollout, time.monotonic() - started)
+        else:
+            seconds = time.monotonic() - started
+            self.live = LiveWeights(
+                job.version, job.source_uri, outcome.manifest_digest, outcome.checksum_verified
+            )
+            self.weights_lost = False
+            self.state = "idle"
+            self.metrics.set_live_version(job.version)
+            self.metrics.loads.labels("succeeded", Reason.LOADED).inc()
+            self.metrics.load_bytes.observe(outcome.bytes)
+            self.metrics.load_seconds.labels("succeeded").observe(seconds)
+            self.updates["succeeded"] += 1
+            self._record(
+                job.version, "Updated", Reason.LOADED, outcome.bytes, seconds, outcome.checksum_verified
+            )
+            message = f"{job.version} is live ({outcome.bytes} bytes in {seconds:.2f}s)"
+            log.info("%s", message)
+            if rollout is not None:
+                self._report(rollout, job.version, "Updated", Reason.LOADED, message, outcome.bytes, seconds)
+            self.reporter.weights_ready(True, Reason.LOADED, f"serving {job.version}")
+        finally:
+            self.target = None
+            self.metrics.load_in_progress.set(0)
+
+    def _failed(self, job: LoadJob, error: LoadError, rollout: RolloutRef | None, seconds: float) -> None:
+        log.warning("load of %s failed: %s: %s", job.version, error.reason, error.message)
+        if error.weights_lost:
+            self.live = None
+            self.weights_lost = True
+            self.metrics.set_live_version(None)
+        self.state = "failed"
+        self.last_error = LastError(job.version, error.reason, error.message)
+        self.metrics.loads.labels("failed", error.reason).inc()
+        self.metrics.load_seconds.labels("failed").observe(seconds)
+        self.updates["failed"] += 1
+        done = self.progress.bytes_done
+        self._record(job.version, "Failed", error.reason, done, seconds, False, error.message)
+        if rollout is not None:
+            self._report(rollout, job.version, "Failed", error.reason, error.message, done, seconds)
+        if error.weights_lost:
+            self.reporter.weights_ready(False, "WeightsLost", error.message)
+        else:
+            live = self.live.version if self.live else "the engine boot weights"
+            self.reporter.weights_ready(True, Reason.LOADED, f"serving {live}; loading {job.version} failed")
+
+    def _record(
+        self,
+        version: str,
+        phase: Phase,
+        reason: str,
+        nbytes: int,
+        seconds: float,
+        verified: bool,
+        message: str = "",
+    ) -> None:
+        self.last_load = {
+            "version": version,
+            "phase": phase,
+            "reason": reason,
+            "message": message,
+            "bytes": nbytes,
+            "seconds": round(seconds, 3),
+            "checksum_verified": verified,
+            "finished_at": rfc3339(),
+        }
+
+    def _report(
+        self,
+        rollout: RolloutRef,
+        version: str,
+        phase: Phase,
+        reason: str,
+        message: str,
+        nbytes: int,
+        seconds: float,
+    ) -> None:
+        verified = phase == "Updated" and self.live is not None and self.live.checksum_verified
+        entry = WorkerEntry(
+            version=version,
+            phase=phase,
+            reason=reason,
+            message=message,
+            checksum_verified=verified,
+            bytes=nbytes,
+            seconds=seconds,
+            last_transition_time=rfc3339(),
+            live_version=self.live.version if self.live else None,
+            wave=rollout.wave,
+            uid=rollout.uid,
+        )
+        self.reporter.worker_event(rollout, entry)
+
+    # -- status --------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        last_error = self.last_error
+        return {
+            "version": self.live.version if self.live else None,
+            "state": self.state,
+            "target": self.target,
+            "bytes_done": self.progress.bytes_done,
+            "bytes_total": self.progress.bytes_total,
+            "last_error": None
+            if last_error is None
+            else {"version": last_error.version, "reason": last_error.reason, "message": last_error.message},
+            "checksum_verified": bool(self.live and self.live.checksum_verified),
+            "manifest_digest": self.live.manifest_digest if self.live else None,
+            "source": self.live.source_uri if self.live else None,
+            "weights_lost": self.weights_lost,
+            "updates": {
+                k: self.updates[k]
+                for k in ("accepted", "noop", "conflict", "rejected", "succeeded", "failed")
+            },
+            "last_load": self.last_load,
+            "paused_by": self.gate.holders,
+            "engine": self.engine.describe(),
+            "report": self.reporter.describe(),
+        }
