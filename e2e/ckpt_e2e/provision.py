@@ -188,8 +188,6 @@ def _build_lock(component: Component) -> Iterator[None]:
 
 def build(component: Component, jobs: int) -> None:
     """Build every binary of `component` into the cache (atomic rename, so re-runs are safe)."""
-    if shutil.which("go") is None:
-        raise ProvisionError(f"{component.name}: `go` not found on PATH (step: build)")
     work = cache_root() / "build" / f"{component.name}-{component.version}"
     work.mkdir(parents=True, exist_ok=True)
     log_path = cache_root() / "build" / f"{component.name}-{component.version}.log"
@@ -199,6 +197,8 @@ def build(component: Component, jobs: int) -> None:
     with open(log_path, "a") as log:
         log.write(f"\n=== build {component.name} {component.version} at {time.ctime()}\n")
         try:
+            if shutil.which("go") is None:
+                raise ProvisionError("`go` not found on PATH (Go >= 1.26 is needed)")
             (work / "go.mod").write_text(_wrapper_gomod(component))
             (work / "go.sum").touch()
             pkgs = list(component.packages.values())

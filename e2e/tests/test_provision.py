@@ -1,0 +1,100 @@
+"""Binary resolution order and failure messages (no Go build, no network)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ckpt_e2e import provision, versions
+
+
+def _executable(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("CKPT_E2E_CACHE_DIR", str(cache))
+    for name in versions.BINARIES:
+        monkeypatch.delenv(provision.env_var_for(name), raising=False)
+    monkeypatch.delenv("KUBEBUILDER_ASSETS", raising=False)
+    monkeypatch.delenv("CKPT_E2E_ALLOW_DOWNLOAD", raising=False)
+    return cache
+
+
+def test_explicit_path_beats_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _executable(provision.cached_path("etcd"))
+    mine = _executable(tmp_path / "my-etcd")
+    monkeypatch.setenv("CKPT_E2E_ETCD", str(mine))
+    assert provision.resolve(["etcd"]) == {"etcd": mine}
+
+
+def test_kubebuilder_assets_beat_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _executable(provision.cached_path("kube-apiserver"))
+    assets = tmp_path / "assets"
+    apiserver = _executable(assets / "kube-apiserver")
+    monkeypatch.setenv("KUBEBUILDER_ASSETS", str(assets))
+    assert provision.resolve(["kube-apiserver"]) == {"kube-apiserver": apiserver}
+
+
+def test_cache_layout_is_version_directory(isolated: Path) -> None:
+    cached = _executable(provision.cached_path("kwok"))
+    assert cached == isolated / "bin" / versions.KWOK / "kwok"
+    assert provision.resolve(["kwok"]) == {"kwok": cached}
+
+
+def test_wrong_explicit_path_is_an_error_not_a_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    _executable(provision.cached_path("kubectl"))
+    monkeypatch.setenv("CKPT_E2E_KUBECTL", "/nonexistent/kubectl")
+    with pytest.raises(provision.ProvisionError, match="CKPT_E2E_KUBECTL"):
+        provision.resolve(["kubectl"])
+
+
+def test_missing_go_names_binary_step_and_retry(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(provision.ProvisionError) as failed:
+        provision.resolve(["helm"])
+    message = str(failed.value)
+    assert "helm" in message
+    assert "`go` not found" in message
+    assert "build" in message
+    assert "provision.py helm" in message
+    assert "CKPT_E2E_ALLOW_DOWNLOAD=1" in message
+
+
+def test_unknown_binary_is_rejected() -> None:
+    with pytest.raises(provision.ProvisionError, match="unknown"):
+        provision.resolve(["kubelet"])
+
+
+def test_wrapper_replaces_every_published_staging_module(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    published = tmp_path / "kubernetes.mod"
+    published.write_text(
+        "module k8s.io/kubernetes\n\nreplace (\n"
+        "\tk8s.io/api => ./staging/src/k8s.io/api\n"
+        "\tk8s.io/streaming => ./staging/src/k8s.io/streaming\n"
+        ")\n"
+    )
+    monkeypatch.setattr(provision, "_run_go", lambda *a, **k: json.dumps({"GoMod": str(published)}))
+    k8s = versions.BINARIES["kube-apiserver"]
+    gomod = provision._wrapper_gomod(k8s)
+    staging = "v0" + versions.KUBERNETES[2:]
+    assert f"k8s.io/api => k8s.io/api {staging}" in gomod
+    assert f"k8s.io/streaming => k8s.io/streaming {staging}" in gomod
+    assert f"require k8s.io/kubernetes {versions.KUBERNETES}" in gomod
+
+
+@pytest.mark.parametrize(
+    ("pkg", "binary"),
+    [("go.etcd.io/etcd/server/v3", "server"), ("k8s.io/kubernetes/cmd/kubectl", "kubectl")],
+)
+def test_go_binary_name_skips_major_version_suffix(pkg: str, binary: str) -> None:
+    assert provision._go_binary_name(pkg) == binary
