@@ -421,16 +421,18 @@ def test_flux_helmrelease_installs(helm: HelmCli, kube: Kubectl, tmp_path: Path)
 
 @pytest.mark.usefixtures("readme_namespaces")
 def test_worker_example_deploys_with_the_chart_rbac(helm: HelmCli, kube: Kubectl) -> None:
-    """README's worker step: chart with workerRbac for `rl`, then the example Deployment and CR."""
+    """README's helm section, in order: chart with workerRbac for `rl`, workers, CR, uninstall."""
     _hand_crd_to(kube, "ckpt-rollout", SYSTEM_NS)
     helm(
         "upgrade", "--install", "ckpt-rollout", str(CHART), "-n", SYSTEM_NS, "--create-namespace",
         "--set", "workerRbac.enabled=true", "--set", f"workerRbac.namespaces={{{WORKER_NS}}}",
         "--wait", f"--timeout={WAIT:.0f}s",
     )  # fmt: skip
+    installed = True
     try:
         kube.run("-n", WORKER_NS, "apply", "-f", str(EXAMPLES / "worker-deployment.yaml"))
         kube.run("-n", WORKER_NS, "apply", "-f", str(EXAMPLES / "checkpointrollout.yaml"))
+        assert "rollout-worker" in kube.run("-n", WORKER_NS, "get", "ckr").stdout
 
         def pods_running() -> list[dict[str, Any]] | None:
             pods = kube.json("get", "pods", "-n", WORKER_NS, "-l", "app=rollout-worker")["items"]
@@ -444,8 +446,16 @@ def test_worker_example_deploys_with_the_chart_rbac(helm: HelmCli, kube: Kubectl
         worker = _sa(WORKER_NS, "ckpt-rollout-worker")
         assert _can(kube, worker, "patch", "pods/status", WORKER_NS)
         assert _can(kube, worker, "patch", "checkpointrollouts.rollout.ckpt.dev/status", WORKER_NS)
+
+        uid = kube.json("get", "ckr", "rollout-worker", "-n", WORKER_NS)["metadata"]["uid"]
+        helm("uninstall", "ckpt-rollout", "-n", SYSTEM_NS, "--wait", f"--timeout={WAIT:.0f}s")
+        installed = False
+        assert kube.json("get", "ckr", "rollout-worker", "-n", WORKER_NS)["metadata"]["uid"] == uid
     finally:
         kube.run("-n", WORKER_NS, "delete", "deployment", "rollout-worker", "--ignore-not-found")
         kube.run("-n", WORKER_NS, "delete", "ckr", "rollout-worker", "--ignore-not-found")
-        helm("uninstall", "ckpt-rollout", "-n", SYSTEM_NS, "--wait", f"--timeout={WAIT:.0f}s")
+        if installed:
+            helm(
+                "uninstall", "ckpt-rollout", "-n", SYSTEM_NS, "--wait", f"--timeout={WAIT:.0f}s", check=False
+            )
         _delete_namespace(kube, SYSTEM_NS)
