@@ -97,10 +97,15 @@ class KubeReporter:
         self._submit(
             f"checkpointrollout {rollout.namespace}/{rollout.name}",
             lambda: api.patch_namespaced_custom_object_status(
-                GROUP, VERSION, rollout.namespace, PLURAL, rollout.name, body,
+                GROUP,
+                VERSION,
+                rollout.namespace,
+                PLURAL,
+                rollout.name,
+                body,
                 _content_type="application/merge-patch+json",
             ),
-        )  # fmt: skip
+        )
 
     def weights_ready(self, ready: bool, reason: str, message: str) -> None:
         from kubernetes_asyncio import client

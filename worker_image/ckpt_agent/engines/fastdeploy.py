@@ -103,9 +103,12 @@ class FastDeployEngine:
             transport = open_transport(job.source_uri)
             try:
                 manifest, digest = await asyncio.to_thread(
-                    fetch_manifest, transport, job.version, expected_digest=job.manifest_digest,
+                    fetch_manifest,
+                    transport,
+                    job.version,
+                    expected_digest=job.manifest_digest,
                     max_bytes=self._max_manifest,
-                )  # fmt: skip
+                )
             finally:
                 transport.close()
             nbytes = manifest.total_bytes

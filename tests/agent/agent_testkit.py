@@ -1,0 +1,174 @@
+"""Helpers for the agent tests: published trees, in-process agents and sources, bounded waits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+
+from ckpt_agent.manifest import MANIFEST_NAME
+from ckpt_agent.publish import publish
+from ckpt_agent.synth import ReferenceModelSpec, expected_infer_output, write_reference_checkpoint
+
+SPEC = ReferenceModelSpec(hidden=32, layers=3, outputs=8)
+T = TypeVar("T")
+# The `agent_factory` fixture: keyword overrides of AgentConfig (+ token) -> a started agent.
+AgentFactory = Callable[..., Awaitable["AgentClient"]]
+
+
+async def wait_until(predicate: Callable[[], Awaitable[T | None]], limit_s: float, what: str) -> T:
+    """Poll `predicate` until it returns something truthy; fail after `limit_s` seconds."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {limit_s}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@dataclass
+class Tree:
+    """A published source tree (`root/<version>/...`) and where its sources came from."""
+
+    root: Path
+    work: Path
+    digests: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def file_uri(self) -> str:
+        return f"file://{self.root}"
+
+    def add(self, version: str, seed: int, spec: ReferenceModelSpec = SPEC, shards: int = 1) -> Path:
+        src = self.work / f"src-{version}"
+        write_reference_checkpoint(src, seed, spec, shards=shards)
+        self.digests[version] = publish(src, version, self.root)
+        return self.root / version
+
+    def add_from_dir(self, version: str, src: Path) -> Path:
+        self.digests[version] = publish(src, version, self.root)
+        return self.root / version
+
+    def expected(self, version: str) -> list[float]:
+        return expected_infer_output(self.root / version)
+
+    def manifest(self, version: str) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads((self.root / version / MANIFEST_NAME).read_bytes())
+        return doc
+
+    def copy_version(self, base: str, version: str) -> Path:
+        """A byte-identical copy of `base` published as `version` (manifest rewritten)."""
+        dst = self.root / version
+        shutil.copytree(self.root / base, dst)
+        doc = self.manifest(base)
+        doc["version"] = version
+        (dst / MANIFEST_NAME).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        return dst
+
+
+def corrupt_tensor(version_dir: Path, tensor: str) -> None:
+    """Flip the top byte of the middle element of an F32 `tensor` (sign and exponent bits: a
+    change that shows in the model's output, not just in its checksum)."""
+    doc = json.loads((version_dir / MANIFEST_NAME).read_bytes())
+    entry = next(t for t in doc["tensors"] if t["name"] == tensor)
+    with (version_dir / entry["file"]).open("r+b") as f:
+        f.seek(entry["offset"] + entry["nbytes"] // 8 * 4 + 3)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def truncate_shard(version_dir: Path, keep_fraction: float = 0.5) -> str:
+    doc = json.loads((version_dir / MANIFEST_NAME).read_bytes())
+    shard = sorted(doc["files"])[-1]
+    path = version_dir / shard
+    size = path.stat().st_size
+    with path.open("r+b") as f:
+        f.truncate(int(size * keep_fraction))
+    return shard
+
+
+def last_tensor(doc: dict[str, Any]) -> str:
+    """The tensor read last in a load (highest offset of the last shard)."""
+    tensors = sorted(doc["tensors"], key=lambda t: (t["file"], t["offset"]))
+    return str(tensors[-1]["name"])
+
+
+class AgentClient:
+    def __init__(
+        self, session: aiohttp.ClientSession, url: str, token: str | None = None, agent: Any = None
+    ) -> None:
+        self.agent = agent
+        self.session = session
+        self.url = url
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    async def request(
+        self, method: str, path: str, body: Any = None, raw: bytes | None = None
+    ) -> tuple[int, Any]:
+        kwargs: dict[str, Any] = {"headers": self.headers}
+        if raw is not None:
+            kwargs["data"] = raw
+        elif body is not None:
+            kwargs["json"] = body
+        async with self.session.request(method, self.url + path, **kwargs) as resp:
+            text = await resp.text()
+            try:
+                return resp.status, json.loads(text)
+            except json.JSONDecodeError:
+                return resp.status, text
+
+    async def update(self, version: str, **fields: Any) -> tuple[int, Any]:
+        return await self.request("POST", "/v1/update_weights", {"version": version, **fields})
+
+    async def status(self) -> dict[str, Any]:
+        code, body = await self.request("GET", "/v1/status")
+        assert code == 200, body
+        return dict(body)
+
+    async def infer(self) -> list[float]:
+        code, body = await self.request("POST", "/v1/infer", {})
+        assert code == 200, body
+        return list(body["output"])
+
+    async def is_paused(self) -> bool:
+        code, body = await self.request("GET", "/v1/is_paused")
+        assert code == 200, body
+        return bool(body["is_paused"])
+
+    async def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
+        code, text = await self.request("GET", "/metrics")
+        assert code == 200
+        total = 0.0
+        for line in str(text).splitlines():
+            if not line.startswith(name):
+                continue
+            series, _, value = line.rpartition(" ")
+            metric, _, label_text = series.partition("{")
+            if metric != name:
+                continue
+            found = dict(p.split("=", 1) for p in label_text.rstrip("}").split(",") if "=" in p)
+            if all(found.get(k, "").strip('"') == v for k, v in (labels or {}).items()):
+                total += float(value)
+        return total
+
+    async def wait_settled(self, limit_s: float = 20.0) -> dict[str, Any]:
+        """Wait until no load runs; returns the final status."""
+
+        async def settled() -> dict[str, Any] | None:
+            status = await self.status()
+            return status if status["state"] != "loading" else None
+
+        return await wait_until(settled, limit_s, "the load to finish")
+
+
+def close_to(a: list[float], b: list[float], tol: float = 1e-4) -> bool:
+    return len(a) == len(b) and all(abs(x - y) <= tol * max(1.0, abs(y)) for x, y in zip(a, b, strict=True))

@@ -1,0 +1,126 @@
+"""Bearer-token auth on every endpoint but /healthz."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_testkit import AgentClient, AgentFactory, Tree
+
+from ckpt_agent.auth import bearer_token, decide_token_review
+from ckpt_agent.config import AgentConfig, AuthConfig, ConfigError
+
+ENDPOINTS = [
+    ("POST", "/v1/update_weights"),
+    ("POST", "/v1/pause"),
+    ("POST", "/v1/resume"),
+    ("GET", "/v1/is_paused"),
+    ("GET", "/v1/status"),
+    ("POST", "/v1/infer"),
+    ("GET", "/metrics"),
+]
+
+
+@pytest.fixture
+async def guarded(tree: Tree, agent_factory: AgentFactory, tmp_path: Path) -> tuple[AgentClient, Path]:
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token\n")
+    client = await agent_factory(source=tree.file_uri, auth=AuthConfig(token_file=token_file))
+    return client, token_file
+
+
+@pytest.mark.parametrize(("method", "path"), ENDPOINTS)
+async def test_calls_without_a_valid_token_get_401(
+    guarded: tuple[AgentClient, Path], method: str, path: str
+) -> None:
+    client, _ = guarded
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic czNjcmV0"}):
+        client.headers = headers
+        code, body = await client.request(method, path, {"version": "v1"})
+        assert code == 401, (headers, body)
+        assert body["error"] == "Unauthorized"
+        assert body["message"]
+
+
+async def test_the_right_token_is_let_through_and_healthz_is_open(guarded: tuple[AgentClient, Path]) -> None:
+    client, _ = guarded
+    client.headers = {}
+    assert (await client.request("GET", "/healthz"))[0] == 200
+    client.headers = {"Authorization": "Bearer s3cret-token"}
+    assert (await client.request("GET", "/v1/status"))[0] == 200
+    assert (await client.request("GET", "/metrics"))[0] == 200
+    assert await client.metric("ckpt_agent_auth_failures_total") == 0
+
+
+async def test_rotated_token_file_is_picked_up(guarded: tuple[AgentClient, Path]) -> None:
+    client, token_file = guarded
+    token_file.write_text("rotated-token-value")
+    os.utime(token_file, (1, 1))  # a different mtime even within one clock tick
+    client.headers = {"Authorization": "Bearer s3cret-token"}
+    assert (await client.request("GET", "/v1/status"))[0] == 401
+    client.headers = {"Authorization": "Bearer rotated-token-value"}
+    assert (await client.request("GET", "/v1/status"))[0] == 200
+
+
+@pytest.mark.parametrize(
+    ("header", "token"),
+    [
+        (None, None),
+        ("", None),
+        ("Bearer", None),
+        ("Bearer   ", None),
+        ("bearer abc", "abc"),
+        ("Token abc", None),
+    ],
+)
+def test_bearer_token_parsing(header: str | None, token: str | None) -> None:
+    assert bearer_token(header) == token
+
+
+SA = "system:serviceaccount:ckpt:operator"
+
+
+@pytest.mark.parametrize(
+    ("status", "code"),
+    [
+        ({"authenticated": False, "error": "token expired"}, 401),
+        (
+            {
+                "authenticated": True,
+                "audiences": ["https://kubernetes.default.svc"],
+                "user": {"username": SA},
+            },
+            401,
+        ),
+        (
+            {
+                "authenticated": True,
+                "audiences": ["ckpt-rollout-agent"],
+                "user": {"username": "system:anonymous"},
+            },
+            403,
+        ),
+        ({"authenticated": True, "audiences": ["ckpt-rollout-agent"], "user": {}}, 403),
+        ({"authenticated": True, "audiences": ["ckpt-rollout-agent"], "user": {"username": SA}}, 200),
+    ],
+)
+def test_token_review_decisions(status: dict[str, Any], code: int) -> None:
+    decision = decide_token_review(status, "ckpt-rollout-agent", {SA})
+    assert decision.status == code
+    assert decision.reason
+
+
+@pytest.mark.parametrize(
+    "auth",
+    [
+        AuthConfig(),
+        AuthConfig(token_file=Path("/t"), disabled=True),
+        AuthConfig(tokenreview_audience="aud"),
+        AuthConfig(token_file=Path("/t"), tokenreview_audience="aud", allowed_usernames=(SA,)),
+    ],
+)
+def test_auth_must_be_chosen_explicitly(auth: AuthConfig) -> None:
+    with pytest.raises(ConfigError):
+        AgentConfig(auth=auth).validate()
