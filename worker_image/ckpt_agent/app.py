@@ -112,7 +112,8 @@ async def infer(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
-    service.metrics.paused.set(1 if await service.engine.is_paused() else 0)
+    # From the pause holders, not the engine: a scrape must not fail when a remote engine is down.
+    service.metrics.paused.set(1 if service.gate.holders else 0)
     return web.Response(body=service.metrics.render(), headers={"Content-Type": service.metrics.content_type})
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import logging
 import os
 import time
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
@@ -124,14 +126,23 @@ class TokenReviewAuthenticator:
             return cached[1]
         review = client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token, audiences=[self._audience]))
         try:
-            result = await client.AuthenticationV1Api(self._api).create_token_review(review)
+            # Raw JSON rather than the generated model: the decision needs three fields, and
+            # model validation quirks must not turn into a 500.
+            response = await client.AuthenticationV1Api(self._api).create_token_review(
+                review, _preload_content=False
+            )
+            try:
+                payload = json.loads(await response.read())
+            finally:
+                response.release()
         except ApiException as exc:
             log.warning("TokenReview failed: %s %s", exc.status, exc.reason)
             return AuthDecision(401, f"token review unavailable (HTTP {exc.status})")
-        except OSError as exc:
-            log.warning("TokenReview failed: %s", exc)
+        except (OSError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.warning("TokenReview failed: %r", exc)
             return AuthDecision(401, "token review unavailable")
-        status = self._api.sanitize_for_serialization(result.status) or {}
+        status = payload.get("status") if isinstance(payload, dict) else None
+        status = status if isinstance(status, dict) else {}
         decision = decide_token_review(status, self._audience, self._allowed)
         if len(self._cache) > 1024:
             self._cache = {k: v for k, v in self._cache.items() if v[0] > now}

@@ -144,11 +144,9 @@ class AgentService:
 
     async def pause(self) -> None:
         await self.gate.acquire(USER)
-        self.metrics.paused.set(1)
 
     async def resume(self) -> None:
         await self.gate.release(USER)
-        self.metrics.paused.set(1 if await self.engine.is_paused() else 0)
 
     # -- loads ---------------------------------------------------------------------------------
     def _begin(self, req: UpdateRequest) -> None:

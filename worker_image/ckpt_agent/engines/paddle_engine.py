@@ -95,6 +95,9 @@ class PaddleEngine:
         return await self._loader.load(job, gate, progress)
 
     def _infer(self) -> list[float]:
+        if self._paused:
+            # Fail fast instead of queueing behind a streamed apply that holds the lock.
+            raise EngineUnavailable("the engine is paused")
         with self._lock:
             if self._paused:
                 raise EngineUnavailable("the engine is paused")
