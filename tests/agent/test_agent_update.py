@@ -91,6 +91,24 @@ async def test_same_version_again_is_an_idempotent_success(tree: Tree, agent_fac
     assert await client.metric("ckpt_agent_update_requests_total", {"result": "noop"}) == 1
 
 
+async def test_same_version_is_reloaded_when_the_request_asks_for_more(
+    tree: Tree, agent_factory: AgentFactory
+) -> None:
+    """Verification the live load skipped, or a different manifest pin, is not a no-op."""
+    client = await _started(agent_factory, tree.file_uri, initial_verify=False)
+    assert (await client.status())["checksum_verified"] is False
+    assert (await client.update("v1", verify_checksum=True))[0] == 202
+    status = await client.wait_settled()
+    assert (status["version"], status["checksum_verified"]) == ("v1", True)
+
+    pinned = {"uri": tree.file_uri, "manifestDigest": tree.digests["v2"]}
+    assert (await client.update("v1", source=pinned))[0] == 202
+    status = await client.wait_settled()
+    assert status["last_error"]["reason"] == "ManifestDigestMismatch"
+    assert status["version"] == "v1"
+    assert (await client.update("v1", verify_checksum=True))[0] == 200
+
+
 class StallingSource:
     """An HTTP source that accepts connections and answers nothing until released."""
 

@@ -111,7 +111,7 @@ class AgentService:
                     "target": self.target,
                 },
             )
-        if self.live is not None and self.live.version == req.version and not self.weights_lost:
+        if self._already_live(req):
             self._count("noop")
             if self.state == "failed":
                 self.state = "idle"
@@ -128,6 +128,17 @@ class AgentService:
         self._count("accepted")
         self._begin(req)
         return Reply(202, {"accepted": True, "version": req.version})
+
+    def _already_live(self, req: UpdateRequest) -> bool:
+        """Same version, and nothing the request asks for is missing: a request that pins another
+        manifest digest, or asks for verification the live load skipped, gets a real load."""
+        live = self.live
+        if live is None or self.weights_lost or live.version != req.version:
+            return False
+        pin = req.source.manifest_digest if req.source else None
+        if pin is not None and live.manifest_digest is not None and pin != live.manifest_digest:
+            return False
+        return not (req.verify_checksum and not live.checksum_verified and self._requires_source)
 
     def reject(self, error: RequestError, version: object, rollout: RolloutRef | None) -> None:
         """Book a refused request; an invalid version is also a failed update worth reporting."""
