@@ -125,7 +125,7 @@ def _add_agent_parser(sub: SubParsers) -> None:
         help="verify the initial load",
     )
     p.add_argument("--apply-mode", choices=["staged", "streamed"], default="staged")
-    p.add_argument("--chunk-mb", type=int, default=8, help="read size per transport call")
+    p.add_argument("--chunk-mb", type=int, default=4, help="read size per transport call")
     p.add_argument("--parallelism", type=int, default=1, help="concurrent streams for staged loads")
     p.add_argument("--max-manifest-mb", type=int, default=64)
     p.add_argument("--model-hidden", type=int, default=64, help="reference model width")
@@ -178,8 +178,8 @@ def add_bench_commands(bench_sub: SubParsers) -> None:
     p = bench_sub.add_parser("dataplane", help="transport and verify throughput against memcpy/TCP")
     p.add_argument("--size-mb", type=int, default=512)
     p.add_argument("--tensor-mb", type=int, default=64, help="size of each synthetic tensor")
-    p.add_argument("--chunk-mb", type=int, default=8)
-    p.add_argument("--repeat", type=int, default=3, help="runs per figure; the best is kept")
+    p.add_argument("--chunk-mb", type=int, default=4)
+    p.add_argument("--repeat", type=int, default=5, help="runs per figure; the best is kept")
     p.add_argument("--dir", help="scratch directory (default: system temp)")
     p.add_argument(
         "--json", action="store_true", help="print only one JSON object (human lines go to stderr)"
