@@ -37,6 +37,7 @@ async def test_unparseable_bodies(client: AgentClient, raw: bytes, field: str) -
     code, body = await client.request("POST", "/v1/update_weights", raw=raw)
     assert code == 400
     assert (body["error"], body["field"]) == ("InvalidRequest", field)
+    assert await client.metric("ckpt_agent_update_requests_total", {"result": "rejected"}) == 1
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from ckpt_agent.auth import Authenticator, auth_middleware
 from ckpt_agent.engines.base import EngineUnavailable
 from ckpt_agent.errors import LoadError, RequestError
 from ckpt_agent.service import AgentService
-from ckpt_agent.update_request import parse_rollout, parse_update_request
+from ckpt_agent.update_request import RolloutRef, parse_rollout, parse_update_request
 
 log = logging.getLogger(__name__)
 
@@ -57,20 +57,26 @@ async def _pause_state(service: AgentService) -> web.Response:
 
 async def update_weights(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
-    body = await _json_body(request)
+    body: object = None
     try:
+        body = await _json_body(request)
         req = parse_update_request(body)
     except RequestError as exc:
-        rollout = None
-        if isinstance(body, dict):
-            try:
-                rollout = parse_rollout(body.get("rollout"))
-            except RequestError:
-                rollout = None
-        service.reject(exc, body.get("version") if isinstance(body, dict) else None, rollout)
+        service.reject(exc, *_version_and_rollout(body))
         raise
     reply = service.request_update(req)
     return web.json_response(reply.body, status=reply.status)
+
+
+def _version_and_rollout(body: object) -> tuple[object, RolloutRef | None]:
+    """What a refused body says about itself, for reporting an invalid version to its CR."""
+    if not isinstance(body, dict):
+        return None, None
+    try:
+        rollout = parse_rollout(body.get("rollout"))
+    except RequestError:
+        rollout = None
+    return body.get("version"), rollout
 
 
 async def pause(request: web.Request) -> web.Response:
