@@ -29,6 +29,7 @@ from ckpt_e2e.fixtures import ClusterHandle
 from ckpt_e2e.kubectl import Kubectl
 from ckpt_e2e.procs import wait_for
 from ckpt_e2e.provision import resolve
+from ckpt_rollout.leader import LEASE_NAME
 
 pytestmark = pytest.mark.integration
 
@@ -152,10 +153,10 @@ def _wait_operator_pod_running(kube: Kubectl, namespace: str, instance: str) -> 
     return pod
 
 
-def _can(kube: Kubectl, user: str, verb: str, resource: str, namespace: str | None) -> bool:
+def _can(kube: Kubectl, user: str, verb: str, resource: str, namespace: str | None, name: str = "") -> bool:
     """`kubectl auth can-i` as `user`; "pods/status" asks about the status subresource."""
     kind, _, subresource = resource.partition("/")
-    args = ["auth", "can-i", verb, kind, f"--as={user}"]
+    args = ["auth", "can-i", verb, f"{kind}/{name}" if name else kind, f"--as={user}"]
     args += [f"--subresource={subresource}"] if subresource else []
     args += [f"--namespace={namespace}"] if namespace else []
     result = kube.run(*args, check=False)
@@ -317,8 +318,10 @@ def test_helm_rbac_for_watched_namespaces_leases_and_workers(
         ]:
             assert not _can(kube, operator, verb, resource, workers), (verb, resource)
         assert _can(kube, operator, "create", "leases.coordination.k8s.io", namespace)
-        assert _can(kube, operator, "update", "leases.coordination.k8s.io", namespace)
-        assert not _can(kube, operator, "delete", "leases.coordination.k8s.io", namespace)
+        assert _can(kube, operator, "update", "leases.coordination.k8s.io", namespace, LEASE_NAME)
+        assert _can(kube, operator, "get", "leases.coordination.k8s.io", namespace, LEASE_NAME)
+        assert not _can(kube, operator, "update", "leases.coordination.k8s.io", namespace, "someone-elses")
+        assert not _can(kube, operator, "delete", "leases.coordination.k8s.io", namespace, LEASE_NAME)
         assert not _can(kube, operator, "create", "leases.coordination.k8s.io", workers)
 
         worker = _sa(workers, "ckpt-rollout-worker")
