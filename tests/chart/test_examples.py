@@ -56,7 +56,7 @@ def test_worker_example_is_wired_for_the_agent() -> None:
         "POD_NAMESPACE": "metadata.namespace",
         "POD_IP": "status.podIP",
     }
-    assert container["command"] == ["ckpt-rollout", "agent"]
+    assert "command" not in container  # the worker image's entrypoint runs the agent
     flags = _flags(container["args"])
     assert flags["port"] == str(DEFAULT_AGENT_PORT)
     assert container["ports"][0]["containerPort"] == DEFAULT_AGENT_PORT
@@ -107,3 +107,20 @@ def test_gitops_values_pass_the_schema(helm: Helm, values: Any) -> None:
     ChartValues.model_validate(chosen, strict=True)
     rendered = helm.template(chosen, release=STATIC_RELEASE, namespace=STATIC_NAMESPACE)
     assert rendered.one("ServiceAccount", "ckpt-rollout-worker", "rl")
+
+
+def test_worker_example_args_parse_with_the_agent_cli() -> None:
+    from ckpt_agent.cli import build_parser
+
+    args = build_parser().parse_args(["agent", *_worker_container()["args"]])
+    assert args.port == DEFAULT_AGENT_PORT
+    assert args.engine == "paddle"
+    assert args.tokenreview_audience == DEFAULT_AGENT_AUDIENCE
+
+
+def test_worker_example_runs_as_the_worker_images_user() -> None:
+    dockerfile = (ROOT / "worker_image" / "Dockerfile").read_text().splitlines()
+    users = [line.split()[1] for line in dockerfile if line.startswith("USER ")]
+    pod = _one(EXAMPLES / "worker-deployment.yaml", "Deployment")["spec"]["template"]["spec"]
+    context = pod["securityContext"]
+    assert users[-1] == f"{context['runAsUser']}:{context['runAsGroup']}"
