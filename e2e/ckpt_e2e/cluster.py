@@ -1,14 +1,15 @@
 """A real local control plane: etcd, kube-apiserver, controller-manager, scheduler and kwok.
 
 Everything binds to 127.0.0.1 on free ports and lives in one temp dir. kwok fakes the
-kubelets of `nodes` nodes whose podCIDRs lie in 127.0.0.0/8 (node i gets 127.<i+1>.0.0/16),
-so every pod's IP is a loopback address a test process can bind.
+kubelets of `nodes` nodes whose podCIDRs lie in 127.0.0.0/8 (node i gets 127.<base+i>.0.0/16,
+base random per cluster), so every pod's IP is a loopback address a test process can bind.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import secrets
 import shutil
 import ssl
 import subprocess
@@ -38,6 +39,9 @@ class ClusterOptions:
     workdir: Path | None = None  # default: a fresh temp dir, removed on stop
     keep_workdir: bool = False
     start_timeout: float = 120.0
+    # Second octet of node 0's podCIDR. Random by default so two clusters on one machine (a
+    # developer's and a CI run) never hand out the same pod IPs.
+    cidr_base: int = field(default_factory=lambda: secrets.randbelow(200) + 20)
 
 
 @dataclass
@@ -270,7 +274,7 @@ class LocalCluster:
         api = self.admin_api()
         for i in range(self.options.nodes):
             name = f"kwok-node-{i}"
-            cidr = f"127.{i + 1}.0.0/16"
+            cidr = f"127.{self.options.cidr_base + i}.0.0/16"
             body = {
                 "apiVersion": "v1",
                 "kind": "Node",

@@ -295,6 +295,10 @@ class OperatorProcess:
                 "0",
                 "--agent-token-file",
                 str(self.token_file),
+                # Short, so a hung agent shows up quickly in tests.
+                "--agent-timeout",
+                "3",
+                *self.extra_args,
             ],
             self.log_path,
             env=env,
@@ -353,9 +357,15 @@ class Rollouts:
     def status(self, name: str) -> dict[str, Any]:
         return dict(self.get(name).get("status") or {})
 
-    def wait_phase(self, name: str, phases: set[str], timeout: float = 120.0) -> dict[str, Any]:
+    def wait_phase(
+        self, name: str, phases: set[str], timeout: float = 120.0, version: str | None = None
+    ) -> dict[str, Any]:
+        """Wait until the rollout (of ``version``, if given) is in one of ``phases``."""
+
         def reached() -> dict[str, Any] | None:
             status = self.status(name)
+            if version is not None and status.get("targetVersion") != version:
+                return None
             return status if status.get("phase") in phases else None
 
         return wait_for(reached, timeout, f"{name} phase in {sorted(phases)}", interval=0.2)

@@ -130,7 +130,7 @@ def test_abort_rolls_back_and_the_next_version_rolls_out(
     assert set(_serving(workers, fleet.token, checkpoint_source).values()) == {"v1"}
 
     rollouts.patch_spec("fleet", {"version": "v3", "strategy": {"pauseAfterWave": []}})
-    status = rollouts.wait_phase("fleet", {"Succeeded", "Failed", "RolledBack"})
+    status = rollouts.wait_phase("fleet", {"Succeeded", "Failed", "RolledBack"}, version="v3")
     assert status["phase"] == "Succeeded"
     assert set(_serving(workers, fleet.token, checkpoint_source).values()) == {"v3"}
 
@@ -211,7 +211,7 @@ def test_new_version_mid_rollout_supersedes(
     first = wait_for(canary_called, 60, "canary called", interval=0.05)
     canary = first["waves"][0]["called"][0]
     rollouts.patch_spec("fleet", {"version": "b3"})
-    status = rollouts.wait_phase("fleet", {"Succeeded", "Failed", "RolledBack"}, timeout=180)
+    status = rollouts.wait_phase("fleet", {"Succeeded", "Failed", "RolledBack"}, timeout=180, version="b3")
     assert status["phase"] == "Succeeded", status.get("message")
     assert status["targetVersion"] == "b3"
     assert status["supersededVersion"] == "b2"
