@@ -47,6 +47,10 @@ generate: crds
 verify: crds
 	git diff --exit-code -- crds/
 
+# README's main job: the whole product on a local control plane, ending in `demo: OK ...`.
+demo: install provision
+	$(BIN)/python -m ckpt_e2e.demo
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
 

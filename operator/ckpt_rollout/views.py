@@ -79,6 +79,10 @@ def progress_line(obj: dict[str, Any], width: int = 30) -> str:
     status = obj.get("status") or {}
     replicas = status.get("replicas") or 0
     updated = status.get("updatedReplicas") or 0
+    if status.get("targetVersion") != (obj.get("spec") or {}).get("version"):
+        # The operator has not picked the new version up yet: old counters would mislead.
+        status = {"replicas": replicas, "phase": "Pending"}
+        updated = 0
     filled = int(width * updated / replicas) if replicas else 0
     bar = "#" * filled + "." * (width - filled)
     return (

@@ -62,3 +62,9 @@ def test_status_table_lists_waves_and_failed_workers() -> None:
     assert wave_rows[0][:7] == ["1", "1", "1", "1", "0", "0", "Completed"]
     assert wave_rows[1][:7] == ["2", "2", "1", "0", "0", "0", "Running"]
     assert any(line.startswith("b ") and "ChecksumMismatch" in line for line in text.splitlines())
+
+
+def test_progress_line_ignores_counters_of_an_older_target() -> None:
+    line = progress_line(_obj("Succeeded", target="v1", updated=5), width=10)
+    assert "0/5 updated" in line
+    assert "Pending" in line
