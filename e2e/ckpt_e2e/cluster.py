@@ -2,12 +2,14 @@
 
 Everything binds to 127.0.0.1 on free ports and lives in one temp dir. kwok fakes the
 kubelets of `nodes` nodes whose podCIDRs lie in 127.0.0.0/8 (node i gets 127.<base+i>.0.0/16,
-base random per cluster), so every pod's IP is a loopback address a test process can bind.
+base claimed per cluster, never shared by two live clusters), so every pod's IP is a loopback
+address a test process can bind.
 """
 
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import secrets
 import shutil
@@ -20,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import TextIO
 
 from . import versions
 from .kubeapi import ApiError, KubeAPI
@@ -28,6 +31,8 @@ from .pki import CertPair, ClusterPKI
 from .procs import WaitTimeout, free_ports, spawn, stop, wait_for
 
 NODE_ANNOTATION = "kwok.x-k8s.io/node"
+# Pod CIDR octets: clear of 127.0.x (the control plane) and kwok's fallback 127.250.0.0/16.
+_FIRST_OCTET, _LAST_OCTET = 20, 239
 LOOPBACK = "127.0.0.1"
 
 
@@ -39,9 +44,9 @@ class ClusterOptions:
     workdir: Path | None = None  # default: a fresh temp dir, removed on stop
     keep_workdir: bool = False
     start_timeout: float = 120.0
-    # Second octet of node 0's podCIDR. Random by default so two clusters on one machine (a
-    # developer's and a CI run) never hand out the same pod IPs.
-    cidr_base: int = field(default_factory=lambda: secrets.randbelow(200) + 20)
+    # Second octet of node 0's podCIDR. None: claim a free range (see _claim_octets) so two
+    # clusters on one machine (a developer's and a CI run) never hand out the same pod IPs.
+    cidr_base: int | None = None
 
 
 @dataclass
@@ -64,6 +69,8 @@ class LocalCluster:
         self.ports: dict[str, int] = {}
         self.timings: dict[str, float] = {}
         self.server = ""
+        self.cidr_base = self.options.cidr_base or 0
+        self._octet_locks: list[TextIO] = []
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -90,6 +97,9 @@ class LocalCluster:
         while self._components:
             comp = self._components.pop()
             stop(comp.proc, grace=10.0)
+        for lock in self._octet_locks:
+            lock.close()  # releases the flock: the pod IP range is free again
+        self._octet_locks.clear()
         if self._own_workdir and not self.options.keep_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -104,6 +114,8 @@ class LocalCluster:
 
     def _start(self, t0: float) -> None:
         wd = self.workdir
+        if self.options.cidr_base is None:
+            self.cidr_base, self._octet_locks = _claim_octets(self.options.nodes)
         self.pki = ClusterPKI(wd / "pki")
         names = ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler")
         self.ports = dict(zip(names, free_ports(len(names)), strict=True))
@@ -274,7 +286,7 @@ class LocalCluster:
         api = self.admin_api()
         for i in range(self.options.nodes):
             name = f"kwok-node-{i}"
-            cidr = f"127.{self.options.cidr_base + i}.0.0/16"
+            cidr = f"127.{self.cidr_base + i}.0.0/16"
             body = {
                 "apiVersion": "v1",
                 "kind": "Node",
@@ -328,6 +340,33 @@ class LocalCluster:
 
     def _write_kubeconfig(self, path: Path, creds: CertPair) -> None:
         write_kubeconfig(path, self.server, self.pki.ca_cert, creds)
+
+
+def _claim_octets(count: int) -> tuple[int, list[TextIO]]:
+    """Claim `count` consecutive second octets (127.N.0.0/16 each) for this cluster's pods.
+
+    Each octet is an flock on a file shared by every cluster on the machine; the kernel drops
+    the lock when its holder exits, however it exits, so a crashed run never leaks a range.
+    """
+    lock_dir = Path(tempfile.gettempdir()) / "ckpt-e2e-pod-cidrs"
+    lock_dir.mkdir(exist_ok=True)
+    bases = list(range(_FIRST_OCTET, _LAST_OCTET - count + 2))
+    secrets.SystemRandom().shuffle(bases)  # fewer lock collisions between parallel starts
+    for base in bases:
+        held: list[TextIO] = []
+        for octet in range(base, base + count):
+            handle = open(lock_dir / f"127.{octet}.lock", "w")  # noqa: SIM115 - held until stop()
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.close()
+                break
+            held.append(handle)
+        if len(held) == count:
+            return base, held
+        for claimed in held:
+            claimed.close()
+    raise RuntimeError(f"no {count} free pod CIDR octets left in 127.{_FIRST_OCTET}-{_LAST_OCTET}")
 
 
 def write_kubeconfig(path: Path, server: str, ca: Path, creds: CertPair) -> None:

@@ -98,3 +98,15 @@ def test_wrapper_replaces_every_published_staging_module(
 )
 def test_go_binary_name_skips_major_version_suffix(pkg: str, binary: str) -> None:
     assert provision._go_binary_name(pkg) == binary
+
+
+def test_parallel_clusters_claim_disjoint_pod_cidrs() -> None:
+    from ckpt_e2e.cluster import _claim_octets
+
+    first, first_locks = _claim_octets(2)
+    second, second_locks = _claim_octets(2)
+    try:
+        assert {first, first + 1}.isdisjoint({second, second + 1})
+    finally:
+        for lock in first_locks + second_locks:
+            lock.close()
