@@ -223,6 +223,16 @@ def test_new_version_mid_rollout_supersedes(
     assert "Superseded" in [e["reason"] for e in rollouts.events("fleet")]
 
 
+def _weights_ready(cluster: ClusterHandle, namespace: str, fleet: Fleet) -> dict[str, tuple[str, str]]:
+    pods = cluster.kubectl.in_namespace(namespace).json("get", "pods", "-l", f"fleet={fleet.name}")
+    found = {}
+    for pod in pods["items"]:
+        for cond in pod["status"].get("conditions", []):
+            if cond["type"] == "rollout.ckpt.dev/WeightsReady":
+                found[pod["metadata"]["name"]] = (cond["status"], cond.get("reason", ""))
+    return found
+
+
 def test_pod_added_after_success_is_brought_to_the_stable_version(
     fleet_factory: Callable[..., Fleet],
     checkpoint_source: CheckpointSource,
@@ -230,11 +240,28 @@ def test_pod_added_after_success_is_brought_to_the_stable_version(
     rollouts: Rollouts,
     cluster: ClusterHandle,
 ) -> None:
-    fleet = fleet_factory(2)
+    fleet = fleet_factory(2, extra_args=["--await-rollout"])
     rollouts.create("fleet", _spec(checkpoint_source, "v2", fleet))
     rollouts.wait_phase("fleet", {"Succeeded"})
+    first = {w.name for w in fleet.workers(2)}
+    assert {s for s, _ in _weights_ready(cluster, rollouts.namespace, fleet).values()} == {"True"}
+
+    # With the operator away, the new pod loads its boot weights but is not WeightsReady.
+    operator.stop()
     fleet.scale(3)
     workers = fleet.workers(3)
+    (new,) = [w for w in workers if w.name not in first]
+
+    def new_pod_condition() -> tuple[str, str] | None:
+        return _weights_ready(cluster, rollouts.namespace, fleet).get(new.name)
+
+    assert wait_for(new_pod_condition, 30, "the new pod's WeightsReady condition") == (
+        "False",
+        "AwaitingRollout",
+    )
+    assert _serving([new], fleet.token, checkpoint_source)[new.name] == "v1"
+
+    operator.start()
 
     def all_on_v2() -> bool:
         return set(_serving(workers, fleet.token, checkpoint_source).values()) == {"v2"}
@@ -243,10 +270,12 @@ def test_pod_added_after_success_is_brought_to_the_stable_version(
     status = rollouts.wait_phase("fleet", {"Succeeded"})
     assert status["updatedReplicas"] == 3
     assert status["waves"][-1]["kind"] == "Drift"
-    pods = cluster.kubectl.in_namespace(rollouts.namespace).json("get", "pods", "-l", f"fleet={fleet.name}")
-    for pod in pods["items"]:
-        conds = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
-        assert conds.get("rollout.ckpt.dev/WeightsReady") == "True", pod["metadata"]["name"]
+    assert status["waves"][-1]["pods"] == [new.name]
+    wait_for(
+        lambda: {s for s, _ in _weights_ready(cluster, rollouts.namespace, fleet).values()} == {"True"},
+        30,
+        "every pod WeightsReady",
+    )
 
 
 def test_overlapping_selectors_stall_the_later_rollout(

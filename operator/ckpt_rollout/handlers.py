@@ -30,6 +30,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.client_timeout = config.watch_server_timeout_s + 30
     settings.watching.connect_timeout = 30
     settings.posting.level = logging.INFO
+    # Our resources are known up front; scanning CRDs/namespaces would need RBAC we don't grant.
+    settings.scanning.disabled = True
     settings.execution.max_workers = 4
     api_client = await load_api_client()
     memo.api = RolloutApi(api_client)

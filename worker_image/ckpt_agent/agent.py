@@ -98,6 +98,7 @@ async def build_agent(config: AgentConfig) -> Agent:
         requires_source=config.engine == "paddle",
         initial_version=config.initial_version,
         initial_verify=config.initial_verify,
+        await_rollout=config.await_rollout,
     )
     app = create_app(service, authenticator)
     return Agent(app, service, AppServer(app, config.host, config.port), api_client)

@@ -64,6 +64,7 @@ def config_from_args(args: argparse.Namespace, env: dict[str, str] | None = None
         source=args.source,
         initial_version=args.initial_version,
         initial_verify=args.initial_verify,
+        await_rollout=args.await_rollout,
         apply_mode=args.apply_mode,
         chunk_bytes=args.chunk_mb << 20,
         parallelism=args.parallelism,
@@ -123,6 +124,12 @@ def _add_agent_parser(sub: SubParsers) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="verify the initial load",
+    )
+    p.add_argument(
+        "--await-rollout",
+        action="store_true",
+        help="keep WeightsReady False until a CheckpointRollout confirms this pod's version "
+        "(use with the readiness gate: a new pod is not Ready before it serves the stable version)",
     )
     p.add_argument("--apply-mode", choices=["staged", "streamed"], default="staged")
     p.add_argument("--chunk-mb", type=int, default=4, help="read size per transport call")

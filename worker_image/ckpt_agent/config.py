@@ -45,6 +45,9 @@ class AgentConfig:
     source: str | None = None
     initial_version: str | None = None
     initial_verify: bool = True
+    # Keep WeightsReady False until a rollout confirms this pod serves the version its
+    # CheckpointRollout wants (pair with the readiness gate).
+    await_rollout: bool = False
     apply_mode: ApplyMode = "staged"
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     parallelism: int = 1

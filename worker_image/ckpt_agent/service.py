@@ -48,6 +48,7 @@ class AgentService:
         requires_source: bool,
         initial_version: str | None = None,
         initial_verify: bool = True,
+        await_rollout: bool = False,
     ) -> None:
         self.engine = engine
         self.gate = PauseGate(engine)
@@ -56,6 +57,7 @@ class AgentService:
         self._default_source = default_source
         self._requires_source = requires_source
         self._initial = (initial_version, initial_verify)
+        self._confirmed = not await_rollout  # a rollout has confirmed the live version
         self.live: LiveWeights | None = None
         self.weights_lost = False
         self.state = "idle"
@@ -80,9 +82,7 @@ class AgentService:
             if version is not None:
                 self.live = LiveWeights(version, self._default_source, None, False)
                 self.metrics.set_live_version(version)
-            self.reporter.weights_ready(
-                True, Reason.LOADED, f"serving {version or 'the engine boot weights'}"
-            )
+            self._ready(f"serving {version or 'the engine boot weights'}")
 
     async def close(self) -> None:
         if self._task is not None and not self._task.done():
@@ -119,6 +119,9 @@ class AgentService:
                 self._report(
                     req.rollout, req.version, "Updated", Reason.LOADED, f"{req.version} is live", 0, 0.0
                 )
+                if not self._confirmed:
+                    self._confirmed = True
+                    self._ready(f"serving {req.version}")
             return Reply(200, {"accepted": True, "noop": True, "version": req.version})
         if self._requires_source and req.source is None and self._default_source is None:
             self._count("rejected")
@@ -209,10 +212,19 @@ class AgentService:
             log.info("%s", message)
             if rollout is not None:
                 self._report(rollout, job.version, "Updated", Reason.LOADED, message, outcome.bytes, seconds)
-            self.reporter.weights_ready(True, Reason.LOADED, f"serving {job.version}")
+                self._confirmed = True
+            self._ready(f"serving {job.version}")
         finally:
             self.target = None
             self.metrics.load_in_progress.set(0)
+
+    def _ready(self, message: str) -> None:
+        if self._confirmed:
+            self.reporter.weights_ready(True, Reason.LOADED, message)
+        else:
+            self.reporter.weights_ready(
+                False, "AwaitingRollout", f"{message}; no rollout has confirmed it yet"
+            )
 
     def _failed(self, job: LoadJob, error: LoadError, rollout: RolloutRef | None, seconds: float) -> None:
         log.warning("load of %s failed: %s: %s", job.version, error.reason, error.message)
@@ -233,7 +245,7 @@ class AgentService:
             self.reporter.weights_ready(False, "WeightsLost", error.message)
         else:
             live = self.live.version if self.live else "the engine boot weights"
-            self.reporter.weights_ready(True, Reason.LOADED, f"serving {live}; loading {job.version} failed")
+            self._ready(f"serving {live}; loading {job.version} failed")
 
     def _record(
         self,
