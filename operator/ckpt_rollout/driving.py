@@ -207,16 +207,39 @@ class StepBase:
             return None
         return outcomes
 
+    def relay_peers(self, version: str) -> list[str]:
+        """Pods that finished an earlier wave on ``version``: later waves pull bytes from them
+        (the manifest still comes from the source, so a bad peer cannot inject weights)."""
+        if not self.spec.strategy.peer_relay or version != self.spec.version:
+            return []
+        workers: dict[str, Any] = self.status.get("workers") or {}
+        done = {
+            p
+            for w in self.status.get("waves") or []
+            if w.get("phase") == WavePhase.COMPLETED
+            for p in w.get("pods", [])
+        }
+        return sorted(p for p in done if p in self.pods and (workers.get(p) or {}).get("phase") != "Failed")
+
     async def call(self, pods: list[str], version: str, wave: int) -> None:
         body = self.request(version, wave)
+        peers = self.relay_peers(version)
         sem = asyncio.Semaphore(self.spec.strategy.max_concurrency)
         failures: dict[str, Any] = {}
 
-        async def one(name: str) -> None:
+        def body_for(position: int) -> dict[str, Any]:
+            if not peers:
+                return body
+            # Spread the wave over every updated peer, so relay fan-out doubles each wave.
+            peer = self.pods[peers[position % len(peers)]]
+            source = {**body["source"], "peer": f"http://{peer.ip}:{self.spec.agent.port}"}
+            return {**body, "source": source}
+
+        async def one(position: int, name: str) -> None:
             pod = self.pods[name]
             async with sem:
                 started = time.monotonic()
-                result = await self.agents.update_weights(pod.ip, self.spec.agent.port, body)
+                result = await self.agents.update_weights(pod.ip, self.spec.agent.port, body_for(position))
                 metrics.AGENT_CALL_SECONDS.labels("update_weights").observe(time.monotonic() - started)
             self.memory.call_times[name] = time.monotonic()
             if result.busy:
@@ -225,7 +248,7 @@ class StepBase:
             elif not result.accepted:
                 failures[name] = self.failure_entry(version, wave, *self.describe(result))
 
-        await asyncio.gather(*(one(p) for p in pods))
+        await asyncio.gather(*(one(i, p) for i, p in enumerate(pods)))
         if failures:
             await self.write({"workers": failures})
 
