@@ -44,8 +44,8 @@ generate: crds
 	  --helm "$$helm" --static-manifest examples/kubectl/operator.yaml
 
 # Regenerates every generated file and fails if the committed copies differ.
-verify: crds
-	git diff --exit-code -- crds/
+verify: generate
+	git diff --exit-code -- crds/ charts/ examples/kubectl/
 
 # README's main job: the whole product on a local control plane, ending in `demo: OK ...`.
 demo: install provision
