@@ -22,6 +22,10 @@ log = logging.getLogger(__name__)
 
 
 def create_engine(config: AgentConfig) -> Engine:
+    if config.engine == "null":
+        from ckpt_agent.engines.null import NullEngine
+
+        return NullEngine()
     if config.engine == "fastdeploy":
         from ckpt_agent.engines.fastdeploy import FastDeployEngine
 

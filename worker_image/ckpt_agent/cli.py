@@ -116,7 +116,12 @@ def _add_agent_parser(sub: SubParsers) -> None:
     p = sub.add_parser("agent", help="run the worker agent (weight loads, FastDeploy-style control API)")
     p.add_argument("--host", default=None, help="bind address (default: $POD_IP, else 127.0.0.1)")
     p.add_argument("--port", type=int, default=DEFAULT_AGENT_PORT)
-    p.add_argument("--engine", choices=["paddle", "fastdeploy"], default="paddle")
+    p.add_argument(
+        "--engine",
+        choices=["paddle", "fastdeploy", "null"],
+        default="paddle",
+        help="null: loads apply instantly, nothing is pulled (scale tests and benches)",
+    )
     p.add_argument("--source", help="default checkpoint source: http(s)://host:port[/prefix] or file:///path")
     p.add_argument("--initial-version", help="version to load at startup (paddle) or that the engine serves")
     p.add_argument(

@@ -64,7 +64,7 @@ class AgentConfig:
 
     def validate(self) -> None:
         self.auth.validate()
-        if self.engine not in ("paddle", "fastdeploy"):
+        if self.engine not in ("paddle", "fastdeploy", "null"):
             raise ConfigError(f"unknown engine {self.engine!r}")
         if self.report and not (self.pod_name and self.pod_namespace):
             raise ConfigError("--report needs POD_NAME and POD_NAMESPACE in the environment")
