@@ -31,3 +31,7 @@ fi
 start=$(date +%s)
 python3 e2e/ckpt_e2e/provision.py
 echo "ci-provision: control-plane binaries ready in $(( $(date +%s) - start ))s"
+
+# --- agent data plane (issue 5) ------------------------------------------------------------------
+# System libraries for the Mooncake transfer engine and iproute2 for `bench fleet`.
+bash scripts/install-system-deps.sh
