@@ -1,6 +1,8 @@
 """Wave planner: rounding, monotone cumulative targets, deterministic membership."""
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ckpt_rollout.planning import (
     cumulative_targets,
@@ -86,3 +88,30 @@ def test_pods_appearing_mid_rollout_join_later_waves() -> None:
 )
 def test_failure_budget(budget: int | str, replicas: int, expected: int) -> None:
     assert failure_budget(budget, replicas) == expected
+
+
+_waves = st.lists(st.integers(1, 50), min_size=0, max_size=4, unique=True).flatmap(
+    lambda counts: st.lists(st.integers(1, 100), min_size=0, max_size=4, unique=True).map(
+        lambda pcts: [*sorted(counts), *(f"{p}%" for p in sorted(pcts))] or ["100%"]
+    )
+)
+
+
+@given(waves=_waves, replicas=st.integers(0, 300))
+def test_targets_are_monotone_and_end_at_the_fleet(waves: list[int | str], replicas: int) -> None:
+    targets = cumulative_targets(waves, replicas)
+    assert len(targets) == len(waves)
+    assert targets == sorted(targets)
+    assert targets[-1] == replicas
+    assert all(0 <= t <= replicas for t in targets)
+
+
+@given(waves=_waves, replicas=st.integers(0, 60), key=st.text(max_size=8))
+def test_waves_partition_the_fleet(waves: list[int | str], replicas: int, key: str) -> None:
+    pods = [f"p{i}" for i in range(replicas)]
+    assigned: list[str] = []
+    for index in range(len(waves)):
+        members = plan_wave(index=index, waves=waves, eligible=pods, assigned=assigned, key=key)
+        assert len(assigned) + len(members) == cumulative_targets(waves, replicas)[index]
+        assigned += members
+    assert sorted(assigned) == sorted(pods)
