@@ -15,6 +15,7 @@ from ckpt_agent.engines.base import Engine
 from ckpt_agent.httpserver import AppServer
 from ckpt_agent.kube import kube_config_available, new_api_client
 from ckpt_agent.metrics import AgentMetrics
+from ckpt_agent.relay.export import RelayExporter
 from ckpt_agent.reporting import DisabledReporter, KubeReporter, StatusReporter
 from ckpt_agent.service import AgentService
 
@@ -43,7 +44,19 @@ def create_engine(config: AgentConfig) -> Engine:
         chunk_bytes=config.chunk_bytes,
         max_manifest_bytes=config.max_manifest_bytes,
         parallelism=config.parallelism,
+        relay=config.relay,
     )
+
+
+def _relay_exporter(config: AgentConfig) -> RelayExporter | None:
+    if not (config.relay and config.relay_mooncake):
+        return None
+    from ckpt_agent.mooncake import runtime
+
+    # Peers reach this agent's engine at the address it serves on (the pod IP).
+    runtime.configure(hostname=config.host, device=config.mooncake_device)
+    runtime.check_available()
+    return RelayExporter("rdma" if config.relay_mooncake == "rdma" else "tcp")
 
 
 @dataclass
@@ -104,5 +117,5 @@ async def build_agent(config: AgentConfig) -> Agent:
         initial_verify=config.initial_verify,
         await_rollout=config.await_rollout,
     )
-    app = create_app(service, authenticator)
+    app = create_app(service, authenticator, _relay_exporter(config))
     return Agent(app, service, AppServer(app, config.host, config.port), api_client)

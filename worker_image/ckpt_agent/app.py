@@ -8,9 +8,11 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from ckpt_agent.auth import Authenticator, auth_middleware
+from ckpt_agent.auth import Authenticator, auth_middleware, bearer_token
 from ckpt_agent.engines.base import EngineUnavailable
 from ckpt_agent.errors import LoadError, RequestError
+from ckpt_agent.relay.export import RelayExporter
+from ckpt_agent.relay.http import add_relay_routes
 from ckpt_agent.service import AgentService
 from ckpt_agent.update_request import RolloutRef, parse_rollout, parse_update_request
 
@@ -64,7 +66,7 @@ async def update_weights(request: web.Request) -> web.Response:
     except RequestError as exc:
         service.reject(exc, *_version_and_rollout(body))
         raise
-    reply = service.request_update(req)
+    reply = service.request_update(req, bearer_token(request.headers.get("Authorization")))
     return web.json_response(reply.body, status=reply.status)
 
 
@@ -127,8 +129,11 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
-def create_app(service: AgentService, authenticator: Authenticator | None) -> web.Application:
-    """`authenticator=None` turns auth off; callers must ask for that explicitly (`--no-auth`)."""
+def create_app(
+    service: AgentService, authenticator: Authenticator | None, relay_exporter: RelayExporter | None = None
+) -> web.Application:
+    """`authenticator=None` turns auth off; callers must ask for that explicitly (`--no-auth`).
+    `relay_exporter`: serve the relay copy over Mooncake too (http relay is always there)."""
 
     def rejected(reason: str) -> None:
         service.metrics.auth_failures.labels(reason).inc()
@@ -146,6 +151,7 @@ def create_app(service: AgentService, authenticator: Authenticator | None) -> we
     app.router.add_post("/v1/infer", infer)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
+    add_relay_routes(app, lambda: service.relay, relay_exporter)
 
     async def on_startup(_app: web.Application) -> None:
         await service.start()

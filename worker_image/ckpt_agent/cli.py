@@ -72,6 +72,9 @@ def config_from_args(args: argparse.Namespace, env: dict[str, str] | None = None
         model=ReferenceModelSpec(
             hidden=args.model_hidden, layers=args.model_layers, outputs=args.model_outputs
         ),
+        relay=args.relay,
+        relay_mooncake=args.relay_mooncake,
+        mooncake_device=args.mooncake_device,
         fastdeploy_url=args.fastdeploy_url,
         fastdeploy_update_timeout=args.fastdeploy_update_timeout,
         auth=AuthConfig(
@@ -143,6 +146,15 @@ def _add_agent_parser(sub: SubParsers) -> None:
     p.add_argument("--model-hidden", type=int, default=64, help="reference model width")
     p.add_argument("--model-layers", type=int, default=2, help="reference model depth")
     p.add_argument("--model-outputs", type=int, default=8)
+    p.add_argument(
+        "--relay",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep the verified copy of the live version (staged: its host staging arena) and serve it "
+        "to peers under /v1/relay (peer relay)",
+    )
+    p.add_argument("--relay-mooncake", choices=["tcp", "rdma"], help="also relay over Mooncake")
+    p.add_argument("--mooncake-device", default="", help="RDMA devices for Mooncake (default: discover)")
     p.add_argument("--fastdeploy-url", default="http://127.0.0.1:8000")
     p.add_argument("--fastdeploy-update-timeout", type=float, default=1800.0)
     p.add_argument("--auth-token-file", help="accept the bearer token stored in this file")

@@ -55,6 +55,11 @@ class AgentConfig:
     model: ReferenceModelSpec = field(default_factory=ReferenceModelSpec)
     fastdeploy_url: str = "http://127.0.0.1:8000"
     fastdeploy_update_timeout: float = 1800.0
+    # Peer relay: keep the verified copy of the live version and serve it to peers (http);
+    # `relay_mooncake` also serves it over Mooncake with that protocol.
+    relay: bool = True
+    relay_mooncake: str | None = None
+    mooncake_device: str = ""
     auth: AuthConfig = field(default_factory=AuthConfig)
     # None: report when running in a cluster (pod identity known and a kube config available).
     report: bool | None = None
@@ -66,6 +71,8 @@ class AgentConfig:
         self.auth.validate()
         if self.engine not in ("paddle", "fastdeploy", "null"):
             raise ConfigError(f"unknown engine {self.engine!r}")
+        if self.relay_mooncake not in (None, "tcp", "rdma"):
+            raise ConfigError(f"--relay-mooncake must be tcp or rdma, got {self.relay_mooncake!r}")
         if self.report and not (self.pod_name and self.pod_namespace):
             raise ConfigError("--report needs POD_NAME and POD_NAMESPACE in the environment")
         if self.engine == "paddle" and self.initial_version and not self.source:

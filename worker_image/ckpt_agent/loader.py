@@ -5,6 +5,9 @@ staged:   pull + verify every tensor into host staging while traffic continues, 
 streamed: pause, then verify and apply tensor by tensor through one reusable buffer (memory:
           one chunk + the largest tensor). A failure restores the previous version from its
           source before resuming; if that fails too the engine refuses traffic (weights lost).
+
+A verified load leaves a relay copy behind (see `ckpt_agent.relay.copy`): the staging arena in
+staged mode (kept until the next load starts), the live parameters in streamed mode.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -23,7 +26,16 @@ from ckpt_agent.engines.base import LiveWeights, LoadJob, LoadOutcome
 from ckpt_agent.errors import LoadError, Reason
 from ckpt_agent.manifest import DEFAULT_MAX_MANIFEST_BYTES, Manifest, TensorEntry
 from ckpt_agent.pause_gate import LOAD, PauseGate
-from ckpt_agent.reader import DEFAULT_CHUNK_BYTES, LoadProgress, fetch_manifest, plan_runs, read_runs
+from ckpt_agent.reader import (
+    DEFAULT_CHUNK_BYTES,
+    LoadProgress,
+    fetch_manifest,
+    fetch_manifest_raw,
+    plan_runs,
+    read_runs,
+)
+from ckpt_agent.relay.copy import ReadTensor, RelayCopy
+from ckpt_agent.relay.load import open_load_transport, registered
 from ckpt_agent.staging import StagingArea
 from ckpt_agent.transport import Transport, open_transport
 
@@ -44,9 +56,11 @@ class WeightsTarget(Protocol):
         ...
 
 
-def _stream_buffer(manifest: Manifest) -> Callable[[TensorEntry], memoryview]:
-    buf = np.empty(max(manifest.largest_tensor_bytes, 1), dtype=np.uint8).data
-    return lambda entry: buf[: entry.nbytes]
+@runtime_checkable
+class ReadsLiveWeights(Protocol):
+    def live_reader(self) -> ReadTensor:
+        """Reads a tensor's bytes from the live parameters; refuses once they change again."""
+        ...
 
 
 class InProcessLoader:
@@ -58,20 +72,22 @@ class InProcessLoader:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         max_manifest_bytes: int = DEFAULT_MAX_MANIFEST_BYTES,
         parallelism: int = 1,
+        relay: bool = True,
     ) -> None:
         self._target = target
         self.apply_mode: ApplyMode = apply_mode
         self._chunk = chunk_bytes
         self._max_manifest = max_manifest_bytes
         self._parallelism = parallelism
+        self._relay = relay
 
     async def load(self, job: LoadJob, gate: PauseGate, progress: LoadProgress) -> LoadOutcome:
         if job.source_uri is None:
             raise LoadError(Reason.SOURCE_UNREACHABLE, "no source to load from")
-        transport = open_transport(job.source_uri)
+        transport = await asyncio.to_thread(open_load_transport, job.source_uri, job.peer, job.bearer)
         try:
-            manifest, digest = await asyncio.to_thread(
-                fetch_manifest,
+            manifest, digest, raw = await asyncio.to_thread(
+                fetch_manifest_raw,
                 transport,
                 job.version,
                 expected_digest=job.manifest_digest,
@@ -80,45 +96,66 @@ class InProcessLoader:
             check_compatible(manifest, self._target.parameter_specs())
             progress.bytes_total = manifest.total_bytes
             if self.apply_mode == "staged":
-                await self._staged(transport, manifest, job, gate, progress)
+                relay = await self._staged(transport, manifest, raw, job, gate, progress)
             else:
                 await self._streamed(transport, manifest, job, gate, progress)
+                relay = self._live_copy(raw, manifest, job)
         finally:
             transport.close()
-        return LoadOutcome(manifest.total_bytes, job.verify_checksum, digest)
+        return LoadOutcome(manifest.total_bytes, job.must_verify, digest, relay)
 
     async def _staged(
-        self, transport: Transport, manifest: Manifest, job: LoadJob, gate: PauseGate, progress: LoadProgress
-    ) -> None:
+        self,
+        transport: Transport,
+        manifest: Manifest,
+        raw: bytes,
+        job: LoadJob,
+        gate: PauseGate,
+        progress: LoadProgress,
+    ) -> RelayCopy | None:
         staging = StagingArea(manifest)
+        relay: RelayCopy | None = None
         try:
             # Several streams only pay off when there is more than one chunk per stream.
             max_run = max(manifest.total_bytes // max(self._parallelism, 1), self._chunk)
-            await asyncio.to_thread(
-                read_runs,
-                transport,
-                job.version,
-                plan_runs(manifest, max_run_bytes=max_run),
-                buffer_for=staging.buffer,
-                on_tensor=lambda _e, _b: None,
-                verify=job.verify_checksum,
-                progress=progress,
-                cancelled=job.cancel.is_set,
-                chunk_bytes=self._chunk,
-                parallelism=self._parallelism,
-            )
+
+            def pull() -> None:
+                with registered(transport, job.version, staging.regions()):
+                    read_runs(
+                        transport,
+                        job.version,
+                        plan_runs(manifest, max_run_bytes=max_run),
+                        buffer_for=staging.buffer,
+                        on_tensor=lambda _e, _b: None,
+                        verify=job.must_verify,
+                        progress=progress,
+                        cancelled=job.cancel.is_set,
+                        chunk_bytes=self._chunk,
+                        parallelism=self._parallelism,
+                    )
+
+            await asyncio.to_thread(pull)
             async with gate.hold(LOAD):
                 try:
                     await asyncio.to_thread(self._apply_all, manifest, staging.buffer)
                 except Exception as exc:
                     await self._restore(job, _as_load_error(exc))
+            if self._relay and job.must_verify:
+                relay = RelayCopy.from_store(raw, manifest, staging)
+            return relay
         finally:
-            staging.release()
+            if relay is None:
+                staging.release()
 
     def _apply_all(self, manifest: Manifest, buffer_for: Callable[[TensorEntry], memoryview]) -> None:
         with self._target.applying() as apply:
             for entry in manifest.tensors:
                 apply(entry, buffer_for(entry))
+
+    def _live_copy(self, raw: bytes, manifest: Manifest, job: LoadJob) -> RelayCopy | None:
+        if not (self._relay and job.must_verify and isinstance(self._target, ReadsLiveWeights)):
+            return None
+        return RelayCopy(raw, manifest, self._target.live_reader(), source="live-parameters")
 
     async def _streamed(
         self, transport: Transport, manifest: Manifest, job: LoadJob, gate: PauseGate, progress: LoadProgress
@@ -126,7 +163,7 @@ class InProcessLoader:
         async with gate.hold(LOAD):
             try:
                 await asyncio.to_thread(
-                    self._stream_apply, transport, manifest, job.verify_checksum, progress, job.cancel.is_set
+                    self._stream_apply, transport, manifest, job.must_verify, progress, job.cancel.is_set
                 )
             except Exception as exc:
                 await self._restore(job, _as_load_error(exc))
@@ -139,12 +176,13 @@ class InProcessLoader:
         progress: LoadProgress,
         cancelled: Callable[[], bool],
     ) -> None:
-        with self._target.applying() as apply:
+        buf = np.empty(max(manifest.largest_tensor_bytes, 1), dtype=np.uint8).data
+        with registered(transport, manifest.version, [buf]), self._target.applying() as apply:
             read_runs(
                 transport,
                 manifest.version,
                 plan_runs(manifest),
-                buffer_for=_stream_buffer(manifest),
+                buffer_for=lambda entry: buf[: entry.nbytes],
                 on_tensor=apply,
                 verify=verify,
                 progress=progress,

@@ -83,6 +83,16 @@ def fetch_manifest(
     transport: Transport, version: str, *, expected_digest: str | None, max_bytes: int
 ) -> tuple[Manifest, str]:
     """Fetch, pin-check and parse a manifest; returns it with its digest."""
+    manifest, digest, _raw = fetch_manifest_raw(
+        transport, version, expected_digest=expected_digest, max_bytes=max_bytes
+    )
+    return manifest, digest
+
+
+def fetch_manifest_raw(
+    transport: Transport, version: str, *, expected_digest: str | None, max_bytes: int
+) -> tuple[Manifest, str, bytes]:
+    """`fetch_manifest`, plus the exact bytes (a relaying agent serves them as they were)."""
     raw = transport.fetch_manifest(version, max_bytes)
     digest = manifest_digest(raw)
     if expected_digest is not None and digest != expected_digest:
@@ -90,7 +100,7 @@ def fetch_manifest(
             Reason.MANIFEST_DIGEST_MISMATCH,
             f"manifest of {version} has digest {digest}, the request pinned {expected_digest}",
         )
-    return parse_manifest(raw, expected_version=version), digest
+    return parse_manifest(raw, expected_version=version), digest, raw
 
 
 def _check_cancel(cancelled: Callable[[], bool]) -> None:

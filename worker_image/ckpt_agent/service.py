@@ -6,14 +6,16 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from ckpt_agent.engines.base import Engine, LiveWeights, LoadJob
+from ckpt_agent.engines.base import Engine, LiveWeights, LoadJob, LoadOutcome
 from ckpt_agent.errors import LoadError, Reason, RequestError
 from ckpt_agent.metrics import AgentMetrics
 from ckpt_agent.pause_gate import USER, PauseGate
 from ckpt_agent.reader import LoadProgress
+from ckpt_agent.relay.copy import RelayCopy
+from ckpt_agent.relay.peer import is_peer_fault
 from ckpt_agent.report import Phase, WorkerEntry, rfc3339
 from ckpt_agent.reporting import StatusReporter
 from ckpt_agent.update_request import RolloutRef, SourceSpec, UpdateRequest
@@ -68,6 +70,10 @@ class AgentService:
         self.updates: Counter[str] = Counter()
         self._task: asyncio.Task[None] | None = None
         self._job: LoadJob | None = None
+        # The verified copy of the live version that peers may pull (see ckpt_agent.relay).
+        self.relay: RelayCopy | None = None
+        self._fallback: str | None = None  # why the current load left its peer for the source
+        self._peer_bytes = 0
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -92,6 +98,7 @@ class AgentService:
                 await asyncio.wait_for(asyncio.shield(self._task), SHUTDOWN_GRACE_SECONDS)
             except TimeoutError:
                 log.warning("load of %s still running at shutdown", self.target)
+        self._withdraw_relay()
         await self.engine.close()
         await self.reporter.close()
 
@@ -100,7 +107,8 @@ class AgentService:
     def loading(self) -> bool:
         return self._task is not None and not self._task.done()
 
-    def request_update(self, req: UpdateRequest) -> Reply:
+    def request_update(self, req: UpdateRequest, bearer: str | None = None) -> Reply:
+        """`bearer`: the request's token, forwarded to a peer when the request names one."""
         if self.loading:
             self._count("conflict")
             return Reply(
@@ -129,7 +137,7 @@ class AgentService:
                 "the request has no source and the agent was started without --source", field="source"
             )
         self._count("accepted")
-        self._begin(req)
+        self._begin(req, bearer)
         return Reply(202, {"accepted": True, "version": req.version})
 
     def _already_live(self, req: UpdateRequest) -> bool:
@@ -163,15 +171,25 @@ class AgentService:
         await self.gate.release(USER)
 
     # -- loads ---------------------------------------------------------------------------------
-    def _begin(self, req: UpdateRequest) -> None:
+    def _withdraw_relay(self) -> None:
+        relay, self.relay = self.relay, None
+        if relay is not None:
+            relay.release()
+
+    def _begin(self, req: UpdateRequest, bearer: str | None = None) -> None:
         source = req.source or (SourceSpec(self._default_source) if self._default_source else None)
+        peer = source.peer if source else None
         job = LoadJob(
             version=req.version,
             verify_checksum=req.verify_checksum,
             source_uri=source.uri if source else None,
             manifest_digest=source.manifest_digest if source else None,
             previous=None if self.weights_lost else self.live,
+            peer=peer,
+            bearer=bearer if peer else None,
         )
+        # A load is about to change the weights (and may need the staging memory): stop relaying.
+        self._withdraw_relay()
         self._job = job
         self.state = "loading"
         self.target = req.version
@@ -185,7 +203,7 @@ class AgentService:
         if rollout is not None:
             self._report(rollout, job.version, "Loading", "Loading", f"loading {job.version}", 0, 0.0)
         try:
-            outcome = await self.engine.load(job, self.gate, self.progress)
+            outcome = await self._load(job)
         except Exception as exc:
             error = (
                 exc if isinstance(exc, LoadError) else LoadError(Reason.ENGINE_ERROR, f"load failed: {exc!r}")
@@ -208,6 +226,12 @@ class AgentService:
             self._record(
                 job.version, "Updated", Reason.LOADED, outcome.bytes, seconds, outcome.checksum_verified
             )
+            self._record_peer(job, outcome.bytes)
+            if outcome.relay is not None:
+                if outcome.checksum_verified:
+                    self.relay = outcome.relay
+                else:
+                    outcome.relay.release()
             message = f"{job.version} is live ({outcome.bytes} bytes in {seconds:.2f}s)"
             log.info("%s", message)
             if rollout is not None:
@@ -217,6 +241,21 @@ class AgentService:
         finally:
             self.target = None
             self.metrics.load_in_progress.set(0)
+
+    async def _load(self, job: LoadJob) -> LoadOutcome:
+        """The engine's load; if the peer failed or sent bad bytes, the whole load again from
+        the original source."""
+        self._fallback, self._peer_bytes = None, 0
+        try:
+            return await self.engine.load(job, self.gate, self.progress)
+        except LoadError as exc:
+            if job.peer is None or exc.weights_lost or not is_peer_fault(exc):
+                raise
+            self._fallback = f"{exc.reason}: {exc.message}"
+        self._peer_bytes = self.progress.bytes_done
+        log.warning("peer load of %s failed (%s); falling back to the source", job.version, self._fallback)
+        self.progress = LoadProgress()
+        return await self.engine.load(replace(job, peer=None, bearer=None), self.gate, self.progress)
 
     def _ready(self, message: str) -> None:
         if self._confirmed:
@@ -239,6 +278,7 @@ class AgentService:
         self.updates["failed"] += 1
         done = self.progress.bytes_done
         self._record(job.version, "Failed", error.reason, done, seconds, False, error.message)
+        self._record_peer(job, 0)
         if rollout is not None:
             self._report(rollout, job.version, "Failed", error.reason, error.message, done, seconds)
         if error.weights_lost:
@@ -267,6 +307,18 @@ class AgentService:
             "checksum_verified": verified,
             "finished_at": rfc3339(),
         }
+
+    def _record_peer(self, job: LoadJob, loaded_bytes: int) -> None:
+        """Where the bytes of the last load came from: the peer, the source, or both (a fallback
+        after the peer failed part way). `loaded_bytes`: of the attempt that succeeded, or 0."""
+        assert self.last_load is not None
+        from_peer = job.peer is not None and self._fallback is None
+        self.last_load.update(
+            peer=job.peer,
+            bytes_from_peer=loaded_bytes if from_peer else self._peer_bytes,
+            bytes_from_source=0 if from_peer else loaded_bytes,
+            fallback_reason=self._fallback,
+        )
 
     def _report(
         self,
@@ -315,6 +367,9 @@ class AgentService:
                 for k in ("accepted", "noop", "conflict", "rejected", "succeeded", "failed")
             },
             "last_load": self.last_load,
+            "relay": None
+            if self.relay is None
+            else {"version": self.relay.version, "from": self.relay.source},
             "paused_by": self.gate.holders,
             "engine": self.engine.describe(),
             "report": self.reporter.describe(),

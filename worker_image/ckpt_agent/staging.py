@@ -1,12 +1,30 @@
-"""Host staging area for `staged` loads: one arena holding a whole version, tensor by tensor."""
+"""Where a staged load puts tensors before they go live.
+
+`StagingArea`: one anonymous host arena holding a whole version, tensor by tensor (in-process
+engines: the bytes are copied into the live parameters under pause).
+`TensorStore` is what both it and the on-disk staging directory (`staging_dir`) offer: a buffer
+per tensor, the memory regions behind them (to register with an RDMA engine), and release.
+"""
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import numpy as np
 
 from ckpt_agent.manifest import Manifest, TensorEntry
 
 _ALIGN = 64
+
+
+class TensorStore(Protocol):
+    def buffer(self, entry: TensorEntry) -> memoryview: ...
+
+    def regions(self) -> list[memoryview]:
+        """The memory every `buffer` lies in."""
+        ...
+
+    def release(self) -> None: ...
 
 
 class StagingArea:
@@ -24,6 +42,11 @@ class StagingArea:
         start, nbytes = self._slots[entry.name]
         return self._view[start : start + nbytes]
 
+    def regions(self) -> list[memoryview]:
+        return [self._view]
+
     def release(self) -> None:
-        self._view.release()
-        del self._arena
+        # Drops this object's references only: a relay read still holding a slice keeps the
+        # arena alive until it finishes.
+        self._view = memoryview(b"")
+        self._arena = np.empty(0, dtype=np.uint8)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ckpt_agent.errors import Reason, RequestError
 from ckpt_agent.manifest import is_valid_digest
+from ckpt_agent.relay.peer import check_peer_uri
 from ckpt_agent.transport import check_uri
 from ckpt_api.versions import validate_version
 
@@ -18,6 +19,9 @@ _K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 class SourceSpec:
     uri: str
     manifest_digest: str | None = None
+    # A peer agent to pull tensor bytes from (http://ip:port or mooncake://ip:port); the
+    # manifest still comes from `uri`, and every byte is verified against it.
+    peer: str | None = None
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,13 @@ def parse_source(value: object) -> SourceSpec | None:
         raise RequestError(
             "source.manifestDigest must look like sha256:<64 hex>", field="source.manifestDigest"
         )
-    return SourceSpec(uri, digest)
+    peer = _string(obj, "peer", "source.peer", required=False)
+    if peer is not None:
+        try:
+            check_peer_uri(peer)
+        except ValueError as exc:
+            raise RequestError(f"source.peer: {exc}", field="source.peer") from None
+    return SourceSpec(uri, digest, peer)
 
 
 def parse_update_request(body: object) -> UpdateRequest:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ckpt_agent.pause_gate import EngineControl, PauseGate
 from ckpt_agent.reader import LoadProgress
+
+if TYPE_CHECKING:
+    from ckpt_agent.relay.copy import RelayCopy
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,15 @@ class LoadJob:
     manifest_digest: str | None
     previous: LiveWeights | None
     cancel: threading.Event = field(default_factory=threading.Event)
+    # Pull tensor bytes from this peer agent (manifest still from `source_uri`), authenticating
+    # with the update request's bearer token; see ckpt_agent.relay.
+    peer: str | None = None
+    bearer: str | None = field(default=None, repr=False)
+
+    @property
+    def must_verify(self) -> bool:
+        """Bytes from a peer are untrusted: always verified, whatever the request asked."""
+        return self.verify_checksum or self.peer is not None
 
 
 @dataclass(frozen=True)
@@ -35,6 +47,8 @@ class LoadOutcome:
     bytes: int
     checksum_verified: bool
     manifest_digest: str | None
+    # The verified copy this agent can now relay to peers (None: it cannot relay this version).
+    relay: RelayCopy | None = None
 
 
 class EngineUnavailable(Exception):

@@ -19,6 +19,7 @@ from ckpt_agent.loader import ApplyFn, ApplyMode, InProcessLoader
 from ckpt_agent.manifest import TensorEntry
 from ckpt_agent.pause_gate import PauseGate
 from ckpt_agent.reader import LoadProgress
+from ckpt_agent.relay.copy import ReadTensor, RelayGone
 from ckpt_agent.synth import ReferenceModelSpec, reference_input
 
 
@@ -34,6 +35,7 @@ class PaddleEngine:
         chunk_bytes: int,
         max_manifest_bytes: int,
         parallelism: int = 1,
+        relay: bool = True,
     ) -> None:
         self.spec = spec
         self._model = build_model(spec)
@@ -48,12 +50,16 @@ class PaddleEngine:
         self._lock = threading.Lock()
         self._paused = False
         self._consistent = True
+        # Bumped whenever parameters are written: a relay reader of the live parameters refuses
+        # to serve bytes of a version that is no longer (or not yet entirely) live.
+        self._generation = 0
         self._loader = InProcessLoader(
             self,
             apply_mode=apply_mode,
             chunk_bytes=chunk_bytes,
             max_manifest_bytes=max_manifest_bytes,
             parallelism=parallelism,
+            relay=relay,
         )
 
     # -- WeightsTarget -------------------------------------------------------------------------
@@ -64,8 +70,21 @@ class PaddleEngine:
     def applying(self) -> Iterator[ApplyFn]:
         with self._lock:
             self._consistent = False
+            self._generation += 1
             yield self._apply_tensor
             self._consistent = True
+
+    def live_reader(self) -> ReadTensor:
+        generation = self._generation
+
+        def read(entry: TensorEntry) -> memoryview:
+            with self._lock:
+                if self._generation != generation or not self._consistent:
+                    raise RelayGone("the live parameters changed since this version was loaded")
+                array = self._params[entry.name].numpy()
+            return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+
+        return read
 
     def _apply_tensor(self, entry: TensorEntry, data: memoryview) -> None:
         array = np.frombuffer(data, dtype=numpy_dtype(entry.dtype)).reshape(entry.shape)

@@ -1,12 +1,12 @@
-"""Transports by URI scheme. `file` and `http(s)` live here; Mooncake and peer relay register
-their own factories (`register_transport`) without touching the load pipeline."""
+"""Transports by URI scheme: `file`, `http(s)` and `mooncake` (Mooncake transfer engine). A new
+scheme registers its factory (`register_transport`) without touching the load pipeline."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from ckpt_agent.transport.base import ByteStream, Transport
+from ckpt_agent.transport.base import ByteStream, RegistersBuffers, Transport
 
 TransportFactory = Callable[[str], Transport]
 
@@ -47,12 +47,25 @@ def _file(uri: str) -> Transport:
     return FileTransport(uri)
 
 
+def _mooncake(uri: str) -> Transport:
+    from ckpt_agent.mooncake.runtime import MooncakeUnavailable
+    from ckpt_agent.transport.mooncake import MooncakeTransport
+
+    try:
+        return MooncakeTransport(uri)
+    except MooncakeUnavailable as exc:
+        # ValueError: requests naming a mooncake source are refused up front, with the reason.
+        raise ValueError(str(exc)) from None
+
+
 register_transport("http", _http)
 register_transport("https", _http)
 register_transport("file", _file)
+register_transport("mooncake", _mooncake)
 
 __all__ = [
     "ByteStream",
+    "RegistersBuffers",
     "Transport",
     "check_uri",
     "open_transport",

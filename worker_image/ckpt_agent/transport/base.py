@@ -9,7 +9,8 @@ A transport for a new scheme implements `Transport` and registers a factory with
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 
 class ByteStream(Protocol):
@@ -38,6 +39,16 @@ class Transport(Protocol):
         """A stream over bytes [start, end) of `file` in `version`."""
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class RegistersBuffers(Protocol):
+    """Optional: transports that read fastest into memory registered with them (RDMA)."""
+
+    def register_buffer(self, version: str, buf: memoryview) -> Callable[[], None]:
+        """Register `buf` as a destination for reads of `version`; returns the call that
+        unregisters it (before the memory is freed)."""
+        ...
 
 
 class EmptyStream:

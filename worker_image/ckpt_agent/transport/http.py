@@ -43,7 +43,7 @@ class _HttpStream:
 
 
 class HttpTransport:
-    def __init__(self, uri: str, *, timeout: float = 30.0) -> None:
+    def __init__(self, uri: str, *, timeout: float = 30.0, bearer: str | None = None) -> None:
         parts = urlsplit(uri)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URI: {uri!r}")
@@ -53,6 +53,8 @@ class HttpTransport:
         self._port = parts.port
         self._base = parts.path.rstrip("/")
         self._timeout = timeout
+        # Peer agents authenticate relay reads with the update request's own bearer token.
+        self._auth = {"Authorization": f"Bearer {bearer}"} if bearer else {}
 
     def _request(
         self, path: str, headers: dict[str, str]
@@ -60,7 +62,7 @@ class HttpTransport:
         cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
         conn = cls(self._host, self._port, timeout=self._timeout)
         try:
-            conn.request("GET", self._base + path, headers=headers)
+            conn.request("GET", self._base + path, headers={**self._auth, **headers})
             return conn, conn.getresponse()
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
@@ -69,6 +71,10 @@ class HttpTransport:
     def fetch_manifest(self, version: str, max_bytes: int) -> bytes:
         conn, resp = self._request(f"/{quote(version)}/{MANIFEST_NAME}", {})
         try:
+            if resp.status in (401, 403):
+                raise LoadError(
+                    Reason.SOURCE_UNREACHABLE, f"{self.uri} refused the manifest request (HTTP {resp.status})"
+                )
             if resp.status == 404:
                 raise LoadError(Reason.VERSION_NOT_FOUND, f"version {version} not found at {self.uri}")
             if resp.status != 200:

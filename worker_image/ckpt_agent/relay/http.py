@@ -1,0 +1,118 @@
+"""The relay endpoints of an agent, under its port and its auth:
+
+    GET /v1/relay/<version>/manifest.json   the original manifest bytes
+    GET /v1/relay/<version>/<shard>         shard bytes in the original layout, Range supported
+                                            (the layout `HttpTransport` reads)
+    GET /v1/mooncake/<version>              Mooncake descriptor of the relay copy (when the agent
+                                            runs with --relay-mooncake tcp|rdma)
+
+Only the version this agent loaded and verified, while it is live: anything else is 404, and
+the asking agent falls back to the source.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Callable, Iterator
+
+from aiohttp import web
+
+from ckpt_agent.manifest import MANIFEST_NAME
+from ckpt_agent.mooncake.descriptor import Descriptor
+from ckpt_agent.relay.copy import RelayCopy, RelayGone
+from ckpt_agent.relay.export import RelayExporter
+
+log = logging.getLogger(__name__)
+
+_RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
+
+CurrentCopy = Callable[[], RelayCopy | None]
+
+
+def _not_relayable(message: str) -> web.Response:
+    return web.json_response({"error": "NotRelayable", "message": message}, status=404)
+
+
+def _copy_for(current: CurrentCopy, version: str) -> RelayCopy | web.Response:
+    copy = current()
+    if copy is None or copy.released or copy.version != version:
+        live = f"relaying {copy.version}" if copy is not None and not copy.released else "relaying nothing"
+        return _not_relayable(f"this agent does not relay {version} ({live})")
+    return copy
+
+
+def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """[start, end) of a single `bytes=a-b` range, clamped to the size; None for no/bad Range."""
+    match = _RANGE.match(header or "")
+    if not match:
+        return None
+    start = int(match.group(1))
+    end = int(match.group(2)) + 1 if match.group(2) else size
+    return start, min(end, size)
+
+
+async def _stream(
+    request: web.Request, copy: RelayCopy, file: str, start: int, end: int, status: int
+) -> web.StreamResponse:
+    size = copy.file_size(file) or 0
+    resp = web.StreamResponse(status=status)
+    resp.content_length = end - start
+    resp.content_type = "application/octet-stream"
+    if status == 206:
+        resp.headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+    await resp.prepare(request)
+    pieces: Iterator[bytes | memoryview] = copy.iter_range(file, start, end)
+    done = object()
+    while True:
+        try:
+            # Reading a piece may copy from the live parameters under the engine lock: off-loop.
+            piece = await asyncio.to_thread(next, pieces, done)
+        except RelayGone as exc:
+            log.info("relay of %s/%s stopped: %s", copy.version, file, exc)
+            raise web.HTTPServiceUnavailable(text=str(exc)) from None
+        if piece is done:
+            break
+        assert isinstance(piece, bytes | memoryview)
+        await resp.write(bytes(piece))
+    await resp.write_eof()
+    return resp
+
+
+def add_relay_routes(app: web.Application, current: CurrentCopy, exporter: RelayExporter | None) -> None:
+    async def relay_file(request: web.Request) -> web.StreamResponse:
+        version, file = request.match_info["version"], request.match_info["file"]
+        copy = _copy_for(current, version)
+        if isinstance(copy, web.Response):
+            return copy
+        if file == MANIFEST_NAME:
+            return web.Response(body=copy.manifest_raw, content_type="application/json")
+        size = copy.file_size(file)
+        if size is None:
+            return web.json_response(
+                {"error": "NotFound", "message": f"{version} has no shard {file}"}, status=404
+            )
+        wanted = _parse_range(request.headers.get("Range"), size)
+        if wanted is None:
+            return await _stream(request, copy, file, 0, size, 200)
+        start, end = wanted
+        if start >= size or start >= end:
+            return web.Response(status=416, headers={"Content-Range": f"bytes */{size}"})
+        return await _stream(request, copy, file, start, end, 206)
+
+    async def mooncake_descriptor(request: web.Request) -> web.Response:
+        version = request.match_info["version"]
+        if exporter is None:
+            return _not_relayable("this agent does not relay over mooncake (start it with --relay-mooncake)")
+        copy = _copy_for(current, version)
+        if isinstance(copy, web.Response):
+            return copy
+        try:
+            descriptor: Descriptor = await asyncio.to_thread(exporter.descriptor, copy)
+        except RelayGone as exc:
+            return _not_relayable(str(exc))
+        return web.json_response(descriptor.to_json())
+
+    app.router.add_get("/v1/relay/{version}/{file}", relay_file)
+    app.router.add_get("/v1/mooncake/{version}", mooncake_descriptor)
