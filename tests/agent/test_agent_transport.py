@@ -147,7 +147,7 @@ def test_check_uri(uri: str, ok: bool) -> None:
     if ok:
         check_uri(uri)
     else:
-        with pytest.raises(ValueError, match=r"transport|not a local"):
+        with pytest.raises(ValueError, match=r"transport|not a local|not a mooncake"):
             check_uri(uri)
 
 
