@@ -45,7 +45,20 @@ def _serve(args: argparse.Namespace) -> int:
     if not root.is_dir():
         print(f"ckpt-rollout serve: {root} is not a directory", file=sys.stderr)
         return 1
-    server = AppServer(create_source_app(root), args.host, args.port)
+    exports = None
+    if args.mooncake:
+        from ckpt_agent.manifest import DEFAULT_MAX_MANIFEST_BYTES
+        from ckpt_agent.mooncake import runtime
+        from ckpt_agent.mooncake.export import directory_exports
+
+        runtime.configure(hostname=args.mooncake_host or args.host, device=args.mooncake_device)
+        try:
+            engine = runtime.engine_for(args.mooncake)
+        except runtime.MooncakeUnavailable as exc:
+            print(f"ckpt-rollout serve: {exc}", file=sys.stderr)
+            return 1
+        exports = directory_exports(engine, root, DEFAULT_MAX_MANIFEST_BYTES, keep=args.mooncake_keep)
+    server = AppServer(create_source_app(root, exports), args.host, args.port)
     asyncio.run(serve_until_signalled(server, f"serving {root} on"))
     return 0
 
@@ -184,6 +197,14 @@ def add_commands(sub: SubParsers) -> None:
     p.add_argument("root", metavar="ROOT")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=DEFAULT_SOURCE_PORT)
+    p.add_argument(
+        "--mooncake",
+        choices=["tcp", "rdma"],
+        help="also serve over the Mooncake transfer engine (agents use mooncake://host:port)",
+    )
+    p.add_argument("--mooncake-host", help="address agents reach the engine at (default: --host)")
+    p.add_argument("--mooncake-device", default="", help="RDMA devices (default: discover)")
+    p.add_argument("--mooncake-keep", type=int, default=4, help="versions kept registered")
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=_serve)
 

@@ -11,6 +11,7 @@ are refused by the engine) and unmapped only after a grace period.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import os
@@ -52,10 +53,12 @@ class ExportedVersion:
         keep, self._keep = self._keep, []
 
         def free() -> None:
-            for obj in keep:
-                if isinstance(obj, mmap.mmap):
-                    obj.close()
-            keep.clear()
+            maps = [obj for obj in keep if isinstance(obj, mmap.mmap)]
+            keep.clear()  # drops the arrays that export the mappings first
+            for mapped in maps:
+                # Still viewed somewhere: unmapped when that view goes.
+                with contextlib.suppress(BufferError):
+                    mapped.close()
 
         if grace > 0:
             release_later(free, grace)

@@ -1,0 +1,162 @@
+"""The mooncake:// transport against a real Mooncake transfer engine in TCP mode on 127.0.0.1
+(P2P handshake, no metadata server): a source that registers its shards, agents that read
+them with batched transfers into their registered buffers."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+from agent_testkit import AgentFactory, Tree, close_to, truncate_shard
+
+from ckpt_agent.errors import LoadError, Reason
+from ckpt_agent.httpserver import AppServer
+from ckpt_agent.manifest import DEFAULT_MAX_MANIFEST_BYTES, manifest_digest
+from ckpt_agent.mooncake import runtime
+from ckpt_agent.mooncake.export import directory_exports
+from ckpt_agent.serve import create_source_app
+from ckpt_agent.transport.mooncake import MooncakeTransport
+
+MooncakeSource = Callable[[Path], Awaitable[str]]
+
+
+@pytest.fixture
+async def mooncake_source() -> AsyncIterator[MooncakeSource]:
+    """`ckpt-rollout serve --mooncake tcp`'s app in-process; returns its mooncake:// URI."""
+    servers: list[AppServer] = []
+
+    async def start(root: Path) -> str:
+        exports = directory_exports(runtime.engine_for("tcp"), root, DEFAULT_MAX_MANIFEST_BYTES)
+        server = AppServer(create_source_app(root, exports), "127.0.0.1", 0)
+        await server.start()
+        servers.append(server)
+        return f"mooncake://127.0.0.1:{server.port}"
+
+    yield start
+    for server in servers:
+        await server.stop()
+
+
+@pytest.mark.parametrize("apply_mode", ["staged", "streamed"])
+async def test_agent_loads_over_mooncake(
+    tree: Tree, agent_factory: AgentFactory, mooncake_source: MooncakeSource, apply_mode: str
+) -> None:
+    uri = await mooncake_source(tree.root)
+    client = await agent_factory(source=uri, initial_version="v1", apply_mode=apply_mode)
+    assert (await client.wait_settled())["version"] == "v1"
+    assert close_to(await client.infer(), tree.expected("v1"))
+
+    assert (await client.update("v2", verify_checksum=True))[0] == 202
+    status = await client.wait_settled()
+    assert (status["version"], status["checksum_verified"], status["source"]) == ("v2", True, uri)
+    assert status["manifest_digest"] == tree.digests["v2"]
+    assert close_to(await client.infer(), tree.expected("v2"))
+
+
+async def test_descriptor_carries_the_exact_manifest(tree: Tree, mooncake_source: MooncakeSource) -> None:
+    transport = MooncakeTransport(await mooncake_source(tree.root))
+
+    def check() -> None:  # blocking, like the loader's worker threads
+        raw = transport.fetch_manifest("v2", DEFAULT_MAX_MANIFEST_BYTES)
+        assert manifest_digest(raw) == tree.digests["v2"]
+        with pytest.raises(LoadError) as err:
+            transport.fetch_manifest("v404", DEFAULT_MAX_MANIFEST_BYTES)
+        assert err.value.reason == Reason.VERSION_NOT_FOUND
+
+    try:
+        await asyncio.to_thread(check)
+    finally:
+        transport.close()
+
+
+async def test_reads_land_in_registered_and_unregistered_buffers(
+    tree: Tree, mooncake_source: MooncakeSource
+) -> None:
+    """Registered destinations are read into directly, others through a bounce buffer; both
+    must give the shard's bytes, including ranges that straddle tensors."""
+    import numpy as np
+
+    transport = MooncakeTransport(await mooncake_source(tree.root))
+    doc = tree.manifest("v2")
+    shard = sorted(doc["files"])[0]
+    expected = (tree.root / "v2" / shard).read_bytes()
+
+    def check() -> None:
+        transport.fetch_manifest("v2", DEFAULT_MAX_MANIFEST_BYTES)
+        registered = np.zeros(len(expected), dtype=np.uint8)
+        unregister = transport.register_buffer("v2", registered.data)
+        for dest in (registered, np.zeros(len(expected), dtype=np.uint8)):
+            stream = transport.open_range("v2", shard, 0, len(expected))
+            try:
+                half = len(expected) // 2 + 3  # not on a tensor boundary
+                stream.readinto(dest.data[:half])
+                stream.readinto(dest.data[half:])
+            finally:
+                stream.close()
+            assert dest.tobytes() == expected
+        unregister()
+
+    try:
+        await asyncio.to_thread(check)
+    finally:
+        transport.close()
+
+
+async def test_truncated_shard_fails_the_load_and_keeps_the_old_weights(
+    scratch_tree: Tree, agent_factory: AgentFactory, mooncake_source: MooncakeSource
+) -> None:
+    truncate_shard(scratch_tree.root / "v2")
+    uri = await mooncake_source(scratch_tree.root)
+    client = await agent_factory(source=uri, initial_version="v1")
+    await client.wait_settled()
+    assert (await client.update("v2", verify_checksum=True))[0] == 202
+    status = await client.wait_settled()
+    assert (status["state"], status["version"]) == ("failed", "v1")
+    assert status["last_error"]["reason"] == "TruncatedShard"
+    assert close_to(await client.infer(), scratch_tree.expected("v1"))
+
+
+async def test_unreachable_mooncake_source(agent_factory: AgentFactory) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = await agent_factory(source=f"mooncake://127.0.0.1:{port}")
+    assert (await client.update("v2"))[0] == 202
+    assert (await client.wait_settled())["last_error"]["reason"] == "SourceUnreachable"
+
+
+@pytest.fixture
+def serve_process(tree: Tree) -> Iterator[str]:
+    """The real `serve --mooncake tcp` command in its own process."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ckpt_agent", "serve", str(tree.root), "--port", "0", "--mooncake", "tcp"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+        assert match, line
+        yield f"mooncake://127.0.0.1:{match.group(1)}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+async def test_serve_command_serves_mooncake(
+    tree: Tree, agent_factory: AgentFactory, serve_process: str
+) -> None:
+    client = await agent_factory(source=serve_process, initial_version="v1")
+    assert (await client.wait_settled())["version"] == "v1"
+    assert (await client.update("v3", verify_checksum=True))[0] == 202
+    assert (await client.wait_settled())["version"] == "v3"
+    assert close_to(await client.infer(), tree.expected("v3"))
