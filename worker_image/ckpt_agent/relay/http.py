@@ -57,26 +57,36 @@ async def _stream(
     request: web.Request, copy: RelayCopy, file: str, start: int, end: int, status: int
 ) -> web.StreamResponse:
     size = copy.file_size(file) or 0
+    pieces: Iterator[bytes | memoryview] = copy.iter_range(file, start, end)
+    done = object()
+
+    async def next_piece() -> object:
+        # Reading a piece may copy from the live parameters under the engine lock: off-loop.
+        return await asyncio.to_thread(next, pieces, done)
+
+    try:
+        piece = await next_piece()
+    except RelayGone as exc:
+        return _not_relayable(str(exc))
     resp = web.StreamResponse(status=status)
     resp.content_length = end - start
     resp.content_type = "application/octet-stream"
     if status == 206:
         resp.headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
     await resp.prepare(request)
-    pieces: Iterator[bytes | memoryview] = copy.iter_range(file, start, end)
-    done = object()
-    while True:
-        try:
-            # Reading a piece may copy from the live parameters under the engine lock: off-loop.
-            piece = await asyncio.to_thread(next, pieces, done)
-        except RelayGone as exc:
-            log.info("relay of %s/%s stopped: %s", copy.version, file, exc)
-            raise web.HTTPServiceUnavailable(text=str(exc)) from None
-        if piece is done:
-            break
-        assert isinstance(piece, bytes | memoryview)
-        await resp.write(bytes(piece))
-    await resp.write_eof()
+    try:
+        while piece is not done:
+            assert isinstance(piece, bytes | memoryview)
+            await resp.write(bytes(piece))
+            piece = await next_piece()
+        await resp.write_eof()
+    except ConnectionResetError:
+        pass  # the reader went away (e.g. it found a bad checksum and fell back)
+    except RelayGone as exc:
+        # Headers are out: cut the body short, the reader sees a truncated shard and falls back.
+        log.info("relay of %s/%s stopped: %s", copy.version, file, exc)
+        if request.transport is not None:
+            request.transport.close()
     return resp
 
 
