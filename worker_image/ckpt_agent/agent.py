@@ -10,7 +10,7 @@ from aiohttp import web
 
 from ckpt_agent.app import create_app
 from ckpt_agent.auth import Authenticator, StaticTokenAuthenticator, TokenReviewAuthenticator
-from ckpt_agent.config import AgentConfig
+from ckpt_agent.config import DEFAULT_ENGINE_URLS, DISK_ENGINES, AgentConfig
 from ckpt_agent.engines.base import Engine
 from ckpt_agent.httpserver import AppServer
 from ckpt_agent.kube import kube_config_available, new_api_client
@@ -27,6 +27,8 @@ def create_engine(config: AgentConfig) -> Engine:
         from ckpt_agent.engines.null import NullEngine
 
         return NullEngine()
+    if config.engine in DISK_ENGINES:
+        return _disk_engine(config)
     if config.engine == "fastdeploy":
         from ckpt_agent.engines.fastdeploy import FastDeployEngine
 
@@ -46,6 +48,24 @@ def create_engine(config: AgentConfig) -> Engine:
         parallelism=config.parallelism,
         relay=config.relay,
     )
+
+
+def _disk_engine(config: AgentConfig) -> Engine:
+    staging = {
+        "chunk_bytes": config.chunk_bytes,
+        "max_manifest_bytes": config.max_manifest_bytes,
+        "parallelism": config.parallelism,
+        "relay": config.relay,
+    }
+    url = config.engine_url or DEFAULT_ENGINE_URLS[config.engine]
+    assert config.staging_dir is not None  # validated
+    if config.engine == "sglang":
+        from ckpt_agent.engines.sglang import SGLangEngine
+
+        return SGLangEngine(url, config.staging_dir, load_format=config.sglang_load_format, **staging)
+    from ckpt_agent.engines.vllm import VLLMEngine
+
+    return VLLMEngine(url, config.staging_dir, **staging)
 
 
 def _relay_exporter(config: AgentConfig) -> RelayExporter | None:
@@ -112,7 +132,7 @@ async def build_agent(config: AgentConfig) -> Agent:
         default_source=config.source,
         reporter=reporter,
         metrics=metrics,
-        requires_source=config.engine == "paddle",
+        requires_source=config.engine in ("paddle", *DISK_ENGINES),
         initial_version=config.initial_version,
         initial_verify=config.initial_verify,
         await_rollout=config.await_rollout,

@@ -89,6 +89,9 @@ def config_from_args(args: argparse.Namespace, env: dict[str, str] | None = None
         relay_mooncake=args.relay_mooncake,
         mooncake_device=args.mooncake_device,
         fastdeploy_url=args.fastdeploy_url,
+        engine_url=args.engine_url,
+        staging_dir=Path(args.staging_dir) if args.staging_dir else None,
+        sglang_load_format=args.sglang_load_format,
         fastdeploy_update_timeout=args.fastdeploy_update_timeout,
         auth=AuthConfig(
             token_file=Path(args.auth_token_file) if args.auth_token_file else None,
@@ -134,7 +137,7 @@ def _add_agent_parser(sub: SubParsers) -> None:
     p.add_argument("--port", type=int, default=DEFAULT_AGENT_PORT)
     p.add_argument(
         "--engine",
-        choices=["paddle", "fastdeploy", "null"],
+        choices=["paddle", "fastdeploy", "null", "sglang", "vllm"],
         default="paddle",
         help="null: loads apply instantly, nothing is pulled (scale tests and benches)",
     )
@@ -169,6 +172,9 @@ def _add_agent_parser(sub: SubParsers) -> None:
     p.add_argument("--relay-mooncake", choices=["tcp", "rdma"], help="also relay over Mooncake")
     p.add_argument("--mooncake-device", default="", help="RDMA devices for Mooncake (default: discover)")
     p.add_argument("--fastdeploy-url", default="http://127.0.0.1:8000")
+    p.add_argument("--engine-url", help="sglang/vllm server (default http://127.0.0.1:30000 / :8000)")
+    p.add_argument("--staging-dir", help="where sglang/vllm versions are staged (tmpfs or NVMe path)")
+    p.add_argument("--sglang-load-format", help="load_format sent to SGLang's update_weights_from_disk")
     p.add_argument("--fastdeploy-update-timeout", type=float, default=1800.0)
     p.add_argument("--auth-token-file", help="accept the bearer token stored in this file")
     p.add_argument("--tokenreview-audience", help="check bearer tokens with TokenReview for this audience")

@@ -14,6 +14,10 @@ from ckpt_agent.reader import DEFAULT_CHUNK_BYTES
 from ckpt_agent.synth import ReferenceModelSpec
 from ckpt_api.constants import DEFAULT_AGENT_PORT
 
+# Engines the agent feeds from a local staging directory.
+DISK_ENGINES = ("sglang", "vllm")
+DEFAULT_ENGINE_URLS = {"sglang": "http://127.0.0.1:30000", "vllm": "http://127.0.0.1:8000"}
+
 
 class ConfigError(ValueError):
     pass
@@ -54,6 +58,10 @@ class AgentConfig:
     max_manifest_bytes: int = DEFAULT_MAX_MANIFEST_BYTES
     model: ReferenceModelSpec = field(default_factory=ReferenceModelSpec)
     fastdeploy_url: str = "http://127.0.0.1:8000"
+    # Engines that load from a directory (sglang, vllm): their URL and where versions are staged.
+    engine_url: str | None = None
+    staging_dir: Path | None = None
+    sglang_load_format: str | None = None
     fastdeploy_update_timeout: float = 1800.0
     # Peer relay: keep the verified copy of the live version and serve it to peers (http);
     # `relay_mooncake` also serves it over Mooncake with that protocol.
@@ -69,14 +77,16 @@ class AgentConfig:
 
     def validate(self) -> None:
         self.auth.validate()
-        if self.engine not in ("paddle", "fastdeploy", "null"):
+        if self.engine not in ("paddle", "fastdeploy", "null", *DISK_ENGINES):
             raise ConfigError(f"unknown engine {self.engine!r}")
         if self.relay_mooncake not in (None, "tcp", "rdma"):
             raise ConfigError(f"--relay-mooncake must be tcp or rdma, got {self.relay_mooncake!r}")
         if self.report and not (self.pod_name and self.pod_namespace):
             raise ConfigError("--report needs POD_NAME and POD_NAMESPACE in the environment")
-        if self.engine == "paddle" and self.initial_version and not self.source:
-            raise ConfigError("--initial-version needs --source for the paddle engine")
+        if self.engine in DISK_ENGINES and self.staging_dir is None:
+            raise ConfigError(f"the {self.engine} engine needs --staging-dir (a tmpfs or NVMe path)")
+        if self.engine in ("paddle", *DISK_ENGINES) and self.initial_version and not self.source:
+            raise ConfigError(f"--initial-version needs --source for the {self.engine} engine")
 
 
 def default_host(env: Mapping[str, str] = os.environ) -> str:
