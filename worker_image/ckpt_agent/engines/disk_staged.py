@@ -6,6 +6,7 @@ the engine to load it, then checks the engine took it. Subclasses speak each eng
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -64,9 +65,21 @@ class EngineHttp:
                     raise LoadError(
                         Reason.ENGINE_ERROR, f"{self._label} {path} answered HTTP {resp.status}: {text[:500]}"
                     )
-                return resp.status, (await resp.json(content_type=None) if text.strip() else None)
+                return resp.status, _decode(text, strict=resp.status // 100 == 2)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise LoadError(Reason.ENGINE_ERROR, f"{self._label} {path} failed: {exc!r}") from None
+
+
+def _decode(text: str, *, strict: bool) -> Any:
+    """JSON of a reply; an error reply (e.g. a plain-text 404) may be text instead."""
+    if not text.strip():
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        if strict:
+            raise
+        return text
 
 
 class DiskStagedEngine:
