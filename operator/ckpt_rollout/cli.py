@@ -13,7 +13,6 @@ Handler = Callable[[argparse.Namespace], int]
 PLANNED: dict[str, tuple[str, str]] = {}
 PLANNED_BENCH: dict[str, tuple[str, str]] = {
     "fleet": ("source-only vs peer-relay fleet load time", "#5"),
-    "controlplane": ("operator overhead for N workers", "#7"),
 }
 
 
@@ -60,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     crd.set_defaults(func=_crd)
     from ckpt_agent.cli import add_bench_commands as add_agent_bench_commands
     from ckpt_agent.cli import add_commands as add_agent_commands
+    from ckpt_rollout.bench_controlplane import add_command as add_controlplane_bench
     from ckpt_rollout.commands import add_commands as add_inspect_commands
     from ckpt_rollout.runner import add_command as add_operator_command
 
@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks that print ratios against limits")
     bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH")
     add_agent_bench_commands(bench_sub)
+    add_controlplane_bench(bench_sub)
     _add_planned(bench_sub, PLANNED_BENCH, prefix="bench ")
     bench.set_defaults(func=_print_help_of(bench))
     return parser

@@ -5,6 +5,7 @@ from typing import Any
 from kubernetes_asyncio import client, config
 
 from ckpt_api.constants import GROUP, PLURAL, VERSION
+from ckpt_rollout.metrics import API_REQUESTS
 
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -27,6 +28,7 @@ class RolloutApi:
 
     async def get(self, namespace: str, name: str) -> dict[str, Any]:
         self.requests += 1
+        API_REQUESTS.labels("get").inc()
         obj: dict[str, Any] = await self._api.get_namespaced_custom_object(
             GROUP, VERSION, namespace, PLURAL, name
         )
@@ -34,6 +36,7 @@ class RolloutApi:
 
     async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         self.requests += 1
+        API_REQUESTS.labels("patch").inc()
         obj: dict[str, Any] = await self._api.patch_namespaced_custom_object_status(
             GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _content_type=MERGE_PATCH
         )

@@ -26,6 +26,11 @@ AGENT_CALL_SECONDS = Histogram(
     ["call"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+API_REQUESTS = Counter(
+    "ckpt_rollout_api_requests",
+    "CheckpointRollout reads and status writes by the reconcile loops (kopf's own calls excluded)",
+    ["verb"],
+)
 PHASE = Gauge(
     "ckpt_rollout_phase", "1 for the current phase of each CheckpointRollout", ["namespace", "name", "phase"]
 )

@@ -1,0 +1,242 @@
+"""The environment of `ckpt-rollout bench controlplane` (test harness only): a local control
+plane with the CRD, a null-engine fleet of N kwok pods, and the operator as a child process
+whose metrics and RSS the bench reads."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+import yaml
+from kubernetes import client, config
+
+from ckpt_api.constants import GROUP, PLURAL, VERSION
+from ckpt_api.crd import render_crd
+
+from .cluster import ClusterOptions, LocalCluster
+from .nullfleet import NullFleet
+from .procs import free_ports, wait_for
+from .provision import resolve
+from .rollout_env import AGENT_PORT, OperatorProcess, Rollouts, http_text, metric_value
+
+CONTROL_PLANE = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"]
+NAMESPACE = "bench"
+TERMINAL = ("Succeeded", "Failed", "RolledBack")
+
+
+class BenchEnv:
+    def __init__(
+        self,
+        workdir: Path,
+        workers: int,
+        *,
+        hosts: int | None = None,
+        load_seconds: float = 0.0,
+        say: Callable[[str], None] = print,
+    ) -> None:
+        self.workdir = workdir
+        self.workers = workers
+        self._hosts = hosts
+        self._load_seconds = load_seconds
+        self._say = say
+        self._stack = ExitStack()
+        self.labels = {"app": "rollout-worker"}
+        self.timings: dict[str, float] = {}
+        self._rss_peak_kb = 0
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def __enter__(self) -> BenchEnv:
+        try:
+            self._start()
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._stack.close()
+
+    def _start(self) -> None:
+        t0 = time.monotonic()
+        self._say("control plane (cached binaries, else built from Go modules)")
+        binaries = resolve(CONTROL_PLANE)
+        self.cluster = self._stack.enter_context(
+            LocalCluster(binaries, ClusterOptions(workdir=self.workdir / "cluster"))
+        )
+        self.timings["cluster_s"] = time.monotonic() - t0
+        self.api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=str(self.cluster.kubeconfig)
+        )
+        self._stack.callback(self.api.close)
+        self._install_crd()
+        self._create_namespace()
+        token_file = self.workdir / "agent-token"
+        token_file.write_text(secrets.token_urlsafe(32))
+        token_file.chmod(0o600)
+        self.token = token_file.read_text()
+
+        self._say(f"{self.workers} kwok pods, null-engine agents on their pod IPs")
+        self.fleet = NullFleet(
+            self.api,
+            NAMESPACE,
+            self.workers,
+            self.cluster.kubeconfig,
+            token_file,
+            self.workdir,
+            initial_version="v0",
+            labels=self.labels,
+            hosts=self._hosts,
+            load_seconds=self._load_seconds,
+        )
+        self._stack.enter_context(self.fleet)
+        self.timings.update(self.fleet.timings)
+
+        (metrics_port,) = free_ports(1)
+        self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        self.operator = OperatorProcess(
+            self.cluster.kubeconfig,
+            NAMESPACE,
+            token_file,
+            self.workdir,
+            # The later flags win: metrics on, and agents on a loaded machine get real timeouts.
+            extra_args=["--metrics-port", str(metrics_port), "--agent-timeout", "30"],
+        )
+        self.operator.start()
+        self._stack.callback(self.operator.stop)
+        wait_for(lambda: self._metrics_text() is not None, 60, "operator metrics endpoint")
+        self.rollouts = Rollouts(self.api, NAMESPACE)
+        self.timings["setup_s"] = time.monotonic() - t0
+
+    def _install_crd(self) -> None:
+        ext = client.ApiextensionsV1Api(self.api)
+        body = yaml.safe_load(render_crd())
+        ext.create_custom_resource_definition(body)
+
+        def established() -> bool:
+            crd = ext.read_custom_resource_definition(body["metadata"]["name"])
+            return any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or [])
+
+        wait_for(established, 60, "CRD Established", interval=0.2)
+        # Established is not served yet: until the watch cache is initialized, lists get 429
+        # ("storage is (re)initializing") and kopf backs off for up to a minute — a delay
+        # that would land inside the measured rollout.
+        custom = client.CustomObjectsApi(self.api)
+
+        def served() -> bool:
+            try:
+                custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+            except client.ApiException as exc:
+                if exc.status == 429:
+                    return False
+                raise
+            return True
+
+        wait_for(served, 60, "CheckpointRollouts served", interval=0.2)
+
+    def _create_namespace(self) -> None:
+        core = client.CoreV1Api(self.api)
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
+
+        def default_sa() -> bool:
+            return any(
+                sa.metadata is not None and sa.metadata.name == "default"
+                for sa in core.list_namespaced_service_account(NAMESPACE).items
+            )
+
+        wait_for(default_sa, 60, f"ServiceAccount {NAMESPACE}/default", interval=0.2)
+
+    # -- the rollout ----------------------------------------------------------------------------
+    def create_rollout(self, name: str, spec: dict[str, Any]) -> None:
+        self.rollouts.create(name, spec)
+
+    def wait_terminal(self, name: str, timeout: float) -> str:
+        """The phase the operator reports once terminal, from its phase gauge (no API calls);
+        samples the operator's RSS meanwhile. "Timeout" if none within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._sample_rss()
+            if not self.operator.alive:
+                raise RuntimeError(f"the operator exited; see {self.operator.log_path}")
+            text = self._metrics_text() or ""
+            for phase in TERMINAL:
+                if metric_value(text, "ckpt_rollout_phase", {"name": name, "phase": phase}) == 1:
+                    return phase
+            time.sleep(0.1)
+        return "Timeout"
+
+    def rollout_status(self, name: str) -> dict[str, Any]:
+        return self.rollouts.status(name)
+
+    # -- readings -------------------------------------------------------------------------------
+    def _metrics_text(self) -> str | None:
+        try:
+            return http_text(self.metrics_url, timeout=10)
+        except OSError:
+            return None
+
+    def operator_status_requests(self) -> float:
+        return metric_value(self._metrics_text() or "", "ckpt_rollout_api_requests_total")
+
+    def apiserver_metrics(self) -> str:
+        return str(self.cluster.admin_api().request("GET", "/metrics", timeout=30))
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds used so far by the operator, each control-plane process and the agent
+        hosts (summed): where a rollout's time goes on a machine with few cores."""
+        assert self.operator.proc is not None
+        pids = {"operator": [self.operator.proc.pid], "agents": self.fleet.pids}
+        pids.update({name: [pid] for name, pid in self.cluster.pids.items()})
+        return {name: sum(_cpu_seconds(pid) for pid in group) for name, group in pids.items()}
+
+    def _proc_status_kb(self, field: str) -> int:
+        assert self.operator.proc is not None
+        for line in Path(f"/proc/{self.operator.proc.pid}/status").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1])
+        return 0
+
+    def _sample_rss(self) -> None:
+        self._rss_peak_kb = max(self._rss_peak_kb, self._proc_status_kb("VmRSS"))
+
+    def operator_peak_rss_mb(self) -> float:
+        """Peak RSS over the operator's life: the kernel's high-water mark, else our samples."""
+        self._sample_rss()
+        return max(self._rss_peak_kb, self._proc_status_kb("VmHWM")) / 1024
+
+    def fanout_floor(self, concurrency: int) -> float:
+        """Seconds to GET /v1/status from every agent once at `concurrency`, from this process:
+        the least any orchestrator spends just talking to N agents on this machine."""
+        return asyncio.run(self._fanout(concurrency))
+
+    async def _fanout(self, concurrency: int) -> float:
+        ips = [p.ip for p in self.fleet.pods()]
+        sem = asyncio.Semaphore(concurrency)
+        headers = {"Authorization": f"Bearer {self.token}"}
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256)) as session:
+
+            async def one(ip: str) -> None:
+                async with sem, session.get(f"http://{ip}:{AGENT_PORT}/v1/status", headers=headers) as r:
+                    await r.read()
+
+            started = time.monotonic()
+            await asyncio.gather(*(one(ip) for ip in ips))
+            return time.monotonic() - started
+
+
+def _cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    # utime and stime are fields 14 and 15 of stat(5); fields[0] here is field 3 (state).
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
