@@ -17,6 +17,7 @@ from ckpt_e2e.rollout_env import (
     Rollouts,
     Worker,
     corrupt_tensor,
+    http_json,
     publish_reference_version,
     served_output,
     update_calls,
@@ -67,9 +68,18 @@ def test_five_workers_three_waves_with_checksums(
     conditions = {c["type"]: c["status"] for c in status["conditions"]}
     assert conditions["Complete"] == "True"
     assert conditions["Ready"] == "True"
+    (canary,) = status["waves"][0]["pods"]
     for w in workers:
         assert _serves(w, fleet.token, checkpoint_source.version_dir("v2")), w.name
         assert update_calls(w, fleet.token) == 1, w.name
+        # Peer relay (on by default): after the canary, bytes come from updated peers.
+        last = http_json(w.url("/v1/status"), token=fleet.token)["last_load"]
+        if w.name == canary:
+            assert last["peer"] is None
+        else:
+            assert last["peer"] is not None, w.name
+            assert last["bytes_from_peer"] > 0, last
+            assert last["fallback_reason"] is None, last
 
     reasons = [e["reason"] for e in rollouts.events("fleet")]
     assert reasons.count("WaveStarted") == 3
