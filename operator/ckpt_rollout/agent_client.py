@@ -34,6 +34,9 @@ class CallResult:
     status: int
     body: dict[str, Any]
     error: str = ""
+    # False when no connection could be made: the request surely never reached the agent
+    # (nothing listens yet, e.g. a new pod whose agent is still starting).
+    connected: bool = True
 
     @property
     def accepted(self) -> bool:
@@ -91,7 +94,7 @@ class AgentClient:
                 await asyncio.sleep(0.2 * 2**attempt)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 return CallResult(0, {}, f"{type(exc).__name__}: {exc}")
-        return CallResult(0, {}, last_error or "unreachable")
+        return CallResult(0, {}, last_error or "unreachable", connected=False)
 
     async def update_weights(self, ip: str, port: int, body: dict[str, Any]) -> CallResult:
         return await self._call("POST", f"http://{ip}:{port}/v1/update_weights", body)

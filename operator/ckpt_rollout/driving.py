@@ -241,6 +241,13 @@ class StepBase:
                 started = time.monotonic()
                 result = await self.agents.update_weights(pod.ip, self.spec.agent.port, body_for(position))
                 metrics.AGENT_CALL_SECONDS.labels("update_weights").observe(time.monotonic() - started)
+            if not result.connected:
+                # Nobody listens yet (a pod that just started, its agent still booting): the
+                # request never got there, so calling again is safe. The worker timeout runs
+                # from the first attempt and bounds the wait.
+                self.memory.call_times.setdefault(name, time.monotonic())
+                self.memory.busy_until[name] = time.monotonic() + self.tuning.busy_retry_s
+                return
             self.memory.call_times[name] = time.monotonic()
             if result.busy:
                 # Another load runs (e.g. a superseded version): it finishes first, then we call.

@@ -3,6 +3,7 @@
 import logging
 from typing import Any
 
+import aiohttp
 import kopf
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
@@ -107,6 +108,11 @@ async def rollout_loop(
                 metrics.forget((namespace, name))
                 return
             log.warning("%s/%s: API error %s, retrying", namespace, name, exc.status)
+            delay = 2.0
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            # The apiserver is unreachable (restarting, network blip): retry soon. Letting the
+            # daemon die would make kopf restart it only after its 60 s backoff.
+            log.warning("%s/%s: apiserver unreachable (%s), retrying", namespace, name, exc)
             delay = 2.0
         except ValidationError as exc:
             log.error("%s/%s: spec rejected by the models: %s", namespace, name, exc)
