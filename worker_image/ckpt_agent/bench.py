@@ -1,5 +1,6 @@
-"""`ckpt-rollout bench dataplane`: load throughput of the file and http transports, with and
-without verification, against limits measured in the same run (memcpy, raw loopback TCP), plus
+"""`ckpt-rollout bench dataplane`: load throughput of the file, http and mooncake (Mooncake
+transfer engine over TCP) transports, with and without verification, against limits measured
+in the same run (memcpy, raw loopback TCP), plus
 peak extra memory of a streamed load. A benchmark, not a test: it prints figures and ratios.
 
 Loads run the agent's own pipeline (`InProcessLoader`, streamed mode: manifest, compatibility
@@ -183,11 +184,23 @@ def measure_load(
 
 
 @contextmanager
-def source_server(root: Path) -> Iterator[str]:
+def source_server(root: Path, *extra: str) -> Iterator[str]:
     """`ckpt-rollout serve` in its own process, as in production; yields its URL."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ckpt_agent", "serve", str(root), "--port", "0", "--log-level", "warning"],
+        [
+            sys.executable,
+            "-m",
+            "ckpt_agent",
+            "serve",
+            str(root),
+            "--port",
+            "0",
+            "--log-level",
+            "warning",
+            *extra,
+        ],
         stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL if extra else None,  # the Mooncake engine logs connections
         text=True,
     )
     try:
@@ -240,6 +253,16 @@ def run_dataplane(
         measure("file", f"file://{root}")
         with source_server(root) as url:
             measure("http", url)
+        try:
+            from ckpt_agent.mooncake.runtime import check_available
+
+            check_available()
+        except RuntimeError as exc:
+            log(f"skipping mooncake: {exc}")
+            results["mooncake_gbps"] = results["mooncake_verify_gbps"] = None
+        else:
+            with source_server(root, "--mooncake", "tcp") as url:
+                measure("mooncake", url.replace("http://", "mooncake://"))
         results["largest_tensor_mb"] = manifest.largest_tensor_bytes / MiB
     results["peak_extra_rss_mb"] = peak / MiB
     results["rss_budget_mb"] = chunk_mb + results["largest_tensor_mb"]
@@ -250,8 +273,11 @@ def run_dataplane(
         "http_verify_cost": 1 - results["http_verify_gbps"] / results["http_gbps"],
     }
     r = results["ratios"]
+    if results["mooncake_verify_gbps"] is not None:
+        r["mooncake_verify_over_tcp"] = results["mooncake_verify_gbps"] / results["tcp_gbps"]
     results["targets_met"] = {
         "http_ge_half_tcp": r["http_over_tcp"] >= 0.5,
+        "mooncake_verify_ge_half_tcp": r.get("mooncake_verify_over_tcp", 0.0) >= 0.5,
         "file_ge_half_memcpy": r["file_over_memcpy"] >= 0.5,
         "verify_cost_le_10pct": max(r["file_verify_cost"], r["http_verify_cost"]) <= 0.10,
         "rss_within_budget": results["peak_extra_rss_mb"] <= results["rss_budget_mb"],
@@ -275,6 +301,10 @@ def format_report(r: dict[str, Any]) -> str:
             f"  http load         {r['http_gbps']:7.2f} GB/s   verify {r['http_verify_gbps']:7.2f} GB/s",
             f"  [{mark(met['http_ge_half_tcp'])}] http / tcp        "
             f"{ratios['http_over_tcp']:.2f}  (target >= 0.5)",
+            f"  mooncake load     {_gbps(r['mooncake_gbps'])} GB/s   "
+            f"verify {_gbps(r['mooncake_verify_gbps'])} GB/s",
+            f"  [{mark(met['mooncake_verify_ge_half_tcp'])}] mooncake verify / tcp "
+            f"{ratios.get('mooncake_verify_over_tcp', float('nan')):.2f}  (target >= 0.5)",
             f"  [{mark(met['file_ge_half_memcpy'])}] file / memcpy     "
             f"{ratios['file_over_memcpy']:.2f}  (target >= 0.5)",
             f"  [{mark(met['verify_cost_le_10pct'])}] verify cost       "
@@ -283,6 +313,10 @@ def format_report(r: dict[str, Any]) -> str:
             f"(budget: chunk + largest tensor = {r['rss_budget_mb']:.1f} MiB)",
         ]
     )
+
+
+def _gbps(value: float | None) -> str:
+    return f"{value:7.2f}" if value is not None else "    n/a"
 
 
 def main_dataplane(args: argparse.Namespace) -> int:

@@ -30,6 +30,9 @@ _DESCRIPTOR_SLACK = 2
 
 
 class _MooncakeStream:
+    # See reader._read_tensor: one batched transfer per tensor, not per chunk.
+    prefers_whole_tensors = True
+
     def __init__(
         self,
         engine: runtime.MooncakeEngine,
