@@ -224,8 +224,14 @@ def _bench_dataplane(args: argparse.Namespace) -> int:
     return main_dataplane(args)
 
 
+def _bench_fleet(args: argparse.Namespace) -> int:
+    from ckpt_agent.bench_fleet import main_fleet
+
+    return main_fleet(args)
+
+
 def add_bench_commands(bench_sub: SubParsers) -> None:
-    """Register `dataplane` under `ckpt-rollout bench`."""
+    """Register `dataplane` and `fleet` under `ckpt-rollout bench`."""
     p = bench_sub.add_parser("dataplane", help="transport and verify throughput against memcpy/TCP")
     p.add_argument("--size-mb", type=int, default=512)
     p.add_argument("--tensor-mb", type=int, default=64, help="size of each synthetic tensor")
@@ -236,6 +242,17 @@ def add_bench_commands(bench_sub: SubParsers) -> None:
         "--json", action="store_true", help="print only one JSON object (human lines go to stderr)"
     )
     p.set_defaults(func=_bench_dataplane)
+
+    p = bench_sub.add_parser(
+        "fleet",
+        help="fleet load time: source-only vs wave relay, agents in tc-capped network namespaces (root)",
+    )
+    p.add_argument("--hosts", type=int, default=4, help="agents, each in its own network namespace")
+    p.add_argument("--link-mbps", type=float, default=200, help="tc rate cap of every link, both ways")
+    p.add_argument("--size-mb", type=int, default=32, help="version size (reference model)")
+    p.add_argument("--dir", help="scratch directory (default: system temp)")
+    p.add_argument("--json", action="store_true", help="human lines to stderr; the last line is JSON anyway")
+    p.set_defaults(func=_bench_fleet)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,85 @@
+"""`bench fleet` and its namespace topology, for real (root and iproute2 needed; skipped
+otherwise): everything it creates is gone afterwards."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ckpt_agent.netns import NS_PREFIX, Topology, missing_prerequisites, sweep_stale
+
+pytestmark = pytest.mark.skipif(missing_prerequisites() is not None, reason=str(missing_prerequisites()))
+
+
+def _ours() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(NS_PREFIX)]
+
+
+def test_topology_links_members_and_destroys_everything() -> None:
+    before = set(_ours())
+    topo = Topology()
+    try:
+        a, b = topo.add("a", 100), topo.add("b", None)
+        # A real TCP exchange between two members across the bridge (and the capped link).
+        server = subprocess.Popen(
+            b.exec_argv([sys.executable, "-c", _ECHO_SERVER, b.ip]), stdout=subprocess.PIPE, text=True
+        )
+        assert server.stdout is not None
+        assert server.stdout.readline().strip() == "listening"
+        reply = subprocess.run(
+            a.exec_argv([sys.executable, "-c", _ECHO_CLIENT, b.ip]),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert reply.stdout.strip() == "pong", reply.stderr
+        server.wait(timeout=10)
+        assert set(_ours()) - before == {f"{topo.prefix}-{n}" for n in ("br", "a", "b")}
+    finally:
+        assert topo.destroy() == []
+    assert set(_ours()) == before
+
+
+def test_sweep_removes_namespaces_of_dead_runs() -> None:
+    ghost = f"{NS_PREFIX}999999999-br"  # no such PID
+    subprocess.run(["ip", "netns", "add", ghost], check=True)
+    assert ghost in sweep_stale()
+    assert ghost not in _ours()
+
+
+def test_bench_fleet_smoke(tmp_path: object) -> None:
+    before = set(_ours())
+    done = subprocess.run(
+        [sys.executable, "-m", "ckpt_agent", "bench", "fleet", "--hosts", "2", "--link-mbps", "400",
+         "--size-mb", "4", "--json"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {"hosts", "size_mb", "source_only_s", "relay_s", "ideal_relay_s"} <= result.keys()
+    assert result["hosts"] == 2
+    assert result["fallbacks"] == 0
+    assert [w["agents"] for w in result["waves"]] == [1, 1]
+    assert set(_ours()) == before
+
+
+_ECHO_SERVER = """
+import socket, sys
+with socket.create_server((sys.argv[1], 9123)) as s:
+    print("listening", flush=True)
+    conn, _ = s.accept()
+    with conn:
+        if conn.recv(4) == b"ping":
+            conn.sendall(b"pong")
+"""
+
+_ECHO_CLIENT = """
+import socket, sys
+with socket.create_connection((sys.argv[1], 9123), timeout=10) as c:
+    c.sendall(b"ping")
+    print(c.recv(4).decode())
+"""

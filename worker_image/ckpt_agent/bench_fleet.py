@@ -1,0 +1,209 @@
+"""`ckpt-rollout bench fleet --hosts N --link-mbps B`: how long a fleet takes to get a version
+with source-only pulls vs. wave relay, over links capped at B Mbit/s.
+
+The bench builds a private network of namespaces (`netns`): one source (`ckpt-rollout serve`),
+N agents (the real agent, paddle engine, staged apply), each behind a veth capped with tc at
+B Mbit/s both ways, and an uncapped control namespace that plays the operator (`fleet_ctl`).
+With S the version size and bw the link rate:
+- source-only: N agents share the source's link: ~ N x S/bw;
+- relay: waves 1, 1, 2, 4, ... (holders double): ~ (1 + ceil(log2 N)) x S/bw = `ideal_relay_s`.
+Every namespace, veth and process it made is removed on exit, failure and SIGINT/SIGTERM.
+The last line printed is JSON: hosts, size_mb, source_only_s, relay_s, ideal_relay_s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ckpt_agent.netns import NetnsError, Topology, missing_prerequisites, sweep_stale
+from ckpt_agent.publish import publish
+from ckpt_agent.synth import ReferenceModelSpec, write_reference_checkpoint
+
+SOURCE_PORT = 8090
+AGENT_PORT = 8089
+SINK_PORT = 9099
+HIDDEN = 1024
+VERSIONS = ("fleet-a", "fleet-b")
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def model_for(size_mb: int) -> ReferenceModelSpec:
+    """A reference model of about `size_mb` MiB (layers of HIDDEN x HIDDEN float32)."""
+    layers = max(1, round(size_mb * (1 << 20) / (HIDDEN * HIDDEN * 4)))
+    return ReferenceModelSpec(hidden=HIDDEN, layers=layers, outputs=8)
+
+
+@contextmanager
+def _signals_raise() -> Iterator[None]:
+    """SIGTERM/SIGHUP end the bench like Ctrl-C does, so `finally` blocks clean up."""
+
+    def stop(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class Processes:
+    def __init__(self) -> None:
+        self._procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, argv: list[str], log: Path) -> None:
+        with log.open("wb") as out:
+            self._procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT))
+
+    def stop(self) -> None:
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.terminate()
+        deadline = time.monotonic() + 15
+        for proc in self._procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._procs.clear()
+
+
+def run_fleet(hosts: int, link_mbps: float, size_mb: int, workdir: str | None) -> dict[str, Any]:
+    spec = model_for(size_mb)
+    nbytes = spec.nbytes()
+    s_over_bw = nbytes / (link_mbps * 1e6 / 8)
+    stale = sweep_stale()
+    if stale:
+        _log(f"removed namespaces left by earlier runs: {stale}")
+    with tempfile.TemporaryDirectory(dir=workdir, prefix="ckpt-fleet-") as tmp:
+        root = Path(tmp) / "root"
+        for seed, version in enumerate(VERSIONS, start=11):
+            write_reference_checkpoint(Path(tmp) / version, seed, spec)
+            publish(Path(tmp) / version, version, root)
+        procs = Processes()
+        topo: Topology | None = None
+        try:
+            with _signals_raise():
+                topo = Topology()
+                src = topo.add("src", link_mbps)
+                ctl = topo.add("ctl", None)
+                members = [topo.add(f"h{i}", link_mbps) for i in range(hosts)]
+                py = [sys.executable, "-m", "ckpt_agent"]
+                serve = [
+                    *py,
+                    "serve",
+                    str(root),
+                    "--host",
+                    src.ip,
+                    "--port",
+                    str(SOURCE_PORT),
+                    "--log-level",
+                    "warning",
+                ]
+                procs.start(src.exec_argv(serve), Path(tmp) / "source.log")
+                sink = [sys.executable, "-m", "ckpt_agent.fleet_ctl", "sink", members[0].ip, str(SINK_PORT)]
+                procs.start(members[0].exec_argv(sink), Path(tmp) / "sink.log")
+                model = ["--model-hidden", str(spec.hidden), "--model-layers", str(spec.layers)]
+                for m in members:
+                    agent = [*py, "agent", "--engine", "paddle", "--host", m.ip, "--port", str(AGENT_PORT),
+                             "--no-auth", "--log-level", "warning", *model]  # fmt: skip
+                    procs.start(m.exec_argv(agent), Path(tmp) / f"{m.name}.log")
+                _log(f"fleet: {hosts} agents, {nbytes / 2**20:.1f} MiB version, links {link_mbps:g} Mbit/s")
+                cfg = {
+                    "agents": [f"http://{m.ip}:{AGENT_PORT}" for m in members],
+                    "source": f"http://{src.ip}:{SOURCE_PORT}",
+                    "versions": list(VERSIONS),
+                    "wave_limit_s": 60 + 4 * hosts * s_over_bw,
+                    "startup_limit_s": 60 + 15 * hosts,
+                    "sink_host": members[0].ip,
+                    "sink_port": SINK_PORT,
+                    "goodput_bytes": nbytes,
+                }
+                ctl_argv = ctl.exec_argv([sys.executable, "-m", "ckpt_agent.fleet_ctl", json.dumps(cfg)])
+                done = subprocess.run(ctl_argv, capture_output=True, text=True, check=False)
+                if done.returncode != 0:
+                    logs = {p.name: p.read_text(errors="replace")[-2000:] for p in Path(tmp).glob("*.log")}
+                    raise RuntimeError(f"fleet controller failed: {done.stderr.strip()}\nlogs: {logs}")
+                timings = json.loads(done.stdout.strip().splitlines()[-1])
+        finally:
+            procs.stop()
+            left = topo.destroy() if topo is not None else []
+            if left:
+                _log(f"could not delete namespaces {left}")
+    rounds = 1 + math.ceil(math.log2(hosts))
+    goodput = float(timings["goodput_bytes_per_s"])
+    return {
+        "hosts": hosts,
+        "size_mb": round(nbytes / 2**20, 2),
+        "link_mbps": link_mbps,
+        "source_only_s": round(timings["source_only_s"], 3),
+        "relay_s": round(timings["relay_s"], 3),
+        "ideal_relay_s": round((1 + math.ceil(math.log2(hosts))) * s_over_bw, 3)
+        if hosts > 1
+        else round(s_over_bw, 3),
+        "ideal_source_only_s": round(hosts * s_over_bw, 3),
+        "waves": timings["waves"],
+        # The same ideal with the links' measured TCP payload rate instead of their nominal rate
+        # (Ethernet/IP/TCP headers alone cost ~5% of a 1500-byte MTU).
+        "link_goodput_mbps": round(goodput * 8 / 1e6, 1),
+        "ideal_relay_goodput_s": round(rounds * nbytes / goodput, 3),
+        "fallbacks": timings["fallbacks"],
+    }
+
+
+def format_report(r: dict[str, Any]) -> str:
+    ok = r["relay_s"] <= r["ideal_relay_s"]
+    ok_goodput = r["relay_s"] <= r["ideal_relay_goodput_s"]
+    return "\n".join(
+        [
+            f"fleet bench: {r['hosts']} agents, {r['size_mb']} MiB, links {r['link_mbps']:g} Mbit/s",
+            f"  source-only   {r['source_only_s']:8.2f} s   (N x S/bw = {r['ideal_source_only_s']:.2f} s)",
+            f"  wave relay    {r['relay_s']:8.2f} s   waves {[w['agents'] for w in r['waves']]}, "
+            f"{r['fallbacks']} fallbacks",
+            f"  [{'ok  ' if ok else 'MISS'}] relay <= (1 + ceil(log2 N)) x S/bw = {r['ideal_relay_s']:.2f} s "
+            f"({r['relay_s'] / r['ideal_relay_s']:.2f}x)",
+            f"  [{'ok  ' if ok_goodput else 'MISS'}] relay <= the same at the measured TCP payload rate "
+            f"({r['link_goodput_mbps']:g} Mbit/s) = {r['ideal_relay_goodput_s']:.2f} s "
+            f"({r['relay_s'] / r['ideal_relay_goodput_s']:.2f}x)",
+        ]
+    )
+
+
+def main_fleet(args: argparse.Namespace) -> int:
+    reason = missing_prerequisites()
+    if reason:
+        print(f"ckpt-rollout bench fleet: {reason}", file=sys.stderr)
+        return 2
+    if args.hosts < 1:
+        print("ckpt-rollout bench fleet: --hosts must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        results = run_fleet(args.hosts, args.link_mbps, args.size_mb, args.dir)
+    except (NetnsError, RuntimeError) as exc:
+        print(f"ckpt-rollout bench fleet: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as exc:
+        print(
+            f"ckpt-rollout bench fleet: interrupted ({exc}); namespaces and processes removed",
+            file=sys.stderr,
+        )
+        return 130
+    print(format_report(results), file=sys.stderr if args.json else sys.stdout)
+    print(json.dumps(results, sort_keys=True))
+    return 0
