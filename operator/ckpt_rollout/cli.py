@@ -11,9 +11,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 # Subcommands announced in --help before they exist; each names the issue that brings it.
 PLANNED: dict[str, tuple[str, str]] = {}
-PLANNED_BENCH: dict[str, tuple[str, str]] = {
-    "fleet": ("source-only vs peer-relay fleet load time", "#5"),
-}
+PLANNED_BENCH: dict[str, tuple[str, str]] = {}
 
 
 def _not_implemented(name: str, issue: str) -> Handler:
