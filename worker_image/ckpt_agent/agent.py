@@ -15,6 +15,7 @@ from ckpt_agent.engines.base import Engine
 from ckpt_agent.httpserver import AppServer
 from ckpt_agent.kube import kube_config_available, new_api_client
 from ckpt_agent.metrics import AgentMetrics
+from ckpt_agent.mooncake.runtime import UNSPECIFIED_HOSTS
 from ckpt_agent.relay.export import RelayExporter
 from ckpt_agent.reporting import DisabledReporter, KubeReporter, StatusReporter
 from ckpt_agent.service import AgentService
@@ -69,12 +70,15 @@ def _disk_engine(config: AgentConfig) -> Engine:
 
 
 def _relay_exporter(config: AgentConfig) -> RelayExporter | None:
-    if not (config.relay and config.relay_mooncake):
-        return None
     from ckpt_agent.mooncake import runtime
 
-    # Peers reach this agent's engine at the address it serves on (the pod IP).
-    runtime.configure(hostname=config.host, device=config.mooncake_device)
+    # Mooncake engines (created on first use: reading a mooncake:// source, or relaying) name
+    # themselves by the address this agent serves on (the pod IP): peers connect back to it.
+    if config.host not in UNSPECIFIED_HOSTS:
+        runtime.configure(hostname=config.host)
+    runtime.configure(device=config.mooncake_device)
+    if not (config.relay and config.relay_mooncake):
+        return None
     runtime.check_available()
     return RelayExporter("rdma" if config.relay_mooncake == "rdma" else "tcp")
 

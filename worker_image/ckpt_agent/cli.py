@@ -51,7 +51,14 @@ def _serve(args: argparse.Namespace) -> int:
         from ckpt_agent.mooncake import runtime
         from ckpt_agent.mooncake.export import directory_exports
 
-        runtime.configure(hostname=args.mooncake_host or args.host, device=args.mooncake_device)
+        hostname = args.mooncake_host or args.host
+        if hostname in runtime.UNSPECIFIED_HOSTS:
+            print(
+                "ckpt-rollout serve: --mooncake needs --mooncake-host (the address agents reach)",
+                file=sys.stderr,
+            )
+            return 2
+        runtime.configure(hostname=hostname, device=args.mooncake_device)
         try:
             engine = runtime.engine_for(args.mooncake)
         except runtime.MooncakeUnavailable as exc:

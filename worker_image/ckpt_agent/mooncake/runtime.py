@@ -75,6 +75,10 @@ def address_of(view: memoryview) -> int:
     return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
 
 
+# Bind-all addresses: not something a peer can connect to.
+UNSPECIFIED_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
+
+
 @dataclass
 class _Settings:
     hostname: str = "127.0.0.1"
