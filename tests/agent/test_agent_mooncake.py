@@ -160,3 +160,22 @@ async def test_serve_command_serves_mooncake(
     assert (await client.update("v3", verify_checksum=True))[0] == 202
     assert (await client.wait_settled())["version"] == "v3"
     assert close_to(await client.infer(), tree.expected("v3"))
+
+
+async def test_without_the_engine_a_mooncake_source_is_refused_with_the_install_hint(
+    agent_factory: AgentFactory, tree: Tree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a machine without the package or libibverbs sees (the import guard's state)."""
+    monkeypatch.setattr(runtime, "_engine_class", None)
+    monkeypatch.setattr(runtime, "_import_error", "libibverbs.so.1: cannot open shared object file")
+    client = await agent_factory(source=tree.file_uri)
+    code, body = await client.update("v2", source={"uri": "mooncake://127.0.0.1:9"})
+    assert (code, body["field"]) == (400, "source.uri")
+    assert "libibverbs.so.1" in body["message"]
+    assert "install-system-deps.sh" in body["message"]
+    # A mooncake peer is a peer failure instead: the load falls back to the source.
+    code, _ = await client.update("v2", source={"uri": tree.file_uri, "peer": "mooncake://127.0.0.1:9"})
+    assert code == 202
+    status = await client.wait_settled()
+    assert status["version"] == "v2"
+    assert "libibverbs.so.1" in status["last_load"]["fallback_reason"]

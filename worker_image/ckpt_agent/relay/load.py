@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from ckpt_agent.errors import LoadError, Reason
+from ckpt_agent.mooncake.runtime import MooncakeUnavailable
 from ckpt_agent.relay.peer import PeerError, PeerTransport, open_peer_transport
 from ckpt_agent.transport import RegistersBuffers, Transport, open_transport
 
@@ -17,7 +18,7 @@ def open_load_transport(source_uri: str, peer: str | None, bearer: str | None) -
         return source
     try:
         bytes_from = open_peer_transport(peer, bearer)
-    except (ValueError, LoadError) as exc:
+    except (ValueError, LoadError, MooncakeUnavailable) as exc:
         source.close()
         raise PeerError(Reason.SOURCE_UNREACHABLE, f"peer {peer}: {exc}") from None
     return PeerTransport(source, bytes_from)
