@@ -18,7 +18,8 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -54,6 +55,7 @@ class _Component:
     name: str
     proc: subprocess.Popen[bytes]
     log: Path
+    argv: list[str] = field(default_factory=list)  # to start it again (apiserver_down)
 
 
 @dataclass
@@ -110,6 +112,24 @@ class LocalCluster:
     def admin_api(self) -> KubeAPI:
         return KubeAPI(self.server, self.pki.ca_cert, self._admin.cert, self._admin.key)
 
+    @contextmanager
+    def apiserver_down(self) -> Iterator[None]:
+        """kube-apiserver is stopped (SIGTERM) for the block, then started again with the same
+        flags, port, certificates and etcd data; returns once it is ready. Every client sees
+        what a control-plane restart looks like: refused connections, then broken watches."""
+        index = next(i for i, c in enumerate(self._components) if c.name == "kube-apiserver")
+        comp = self._components[index]
+        stop(comp.proc, grace=10.0)
+        try:
+            yield
+        finally:
+            with open(comp.log, "a") as log:
+                log.write("\n--- restarted by LocalCluster.apiserver_down ---\n")
+            fresh = _Component(comp.name, spawn(comp.argv, comp.log, cwd=self.workdir), comp.log, comp.argv)
+            self._components[index] = fresh
+            api = self.admin_api()
+            self._wait(fresh, lambda: api.ok("/readyz"), "kube-apiserver /readyz after a restart")
+
     # ------------------------------------------------------------------ steps
 
     def _start(self, t0: float) -> None:
@@ -140,7 +160,7 @@ class LocalCluster:
 
     def _spawn(self, name: str, argv: list[str]) -> _Component:
         log = self.workdir / "logs" / f"{name}.log"
-        comp = _Component(name, spawn(argv, log, cwd=self.workdir), log)
+        comp = _Component(name, spawn(argv, log, cwd=self.workdir), log, list(argv))
         self._components.append(comp)
         return comp
 

@@ -5,6 +5,7 @@ the demo."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -12,7 +13,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,8 @@ from kubernetes import client
 
 from ckpt_api.constants import DEFAULT_AGENT_AUDIENCE, GROUP, PLURAL, VERSION
 
+from .catalog import corrupt_tensor as corrupt_tensor  # re-exported: tests damage versions
+from .catalog import publish_version
 from .podruntime import Launch, PodInfo, PodRuntime
 from .procs import free_ports, spawn, stop, wait_for
 
@@ -84,31 +87,7 @@ def publish_reference_version(
     root: Path, version: str, seed: int, work: Path, *, hidden: int = 64, layers: int = 2
 ) -> str:
     """Publish a synthetic reference-model checkpoint; returns its manifest digest."""
-    from ckpt_agent.synth import ReferenceModelSpec, write_reference_checkpoint
-
-    src = work / f"src-{version}"
-    write_reference_checkpoint(src, seed, ReferenceModelSpec(hidden=hidden, layers=layers))
-    out = subprocess.run(
-        [*CLI, "publish", str(src), "--version", version, "--out", str(root)],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    digest = out.stdout.strip().splitlines()[-1]
-    assert digest.startswith("sha256:"), out.stdout
-    return digest
-
-
-def corrupt_tensor(version_dir: Path, tensor: str) -> None:
-    """Flip one byte inside ``tensor``'s data: the manifest's checksum no longer matches."""
-    manifest = json.loads((version_dir / "manifest.json").read_text())
-    entry = next(t for t in manifest["tensors"] if t["name"] == tensor)
-    shard = version_dir / entry["file"]
-    with open(shard, "r+b") as fh:
-        fh.seek(entry["offset"] + entry["nbytes"] // 2)
-        byte = fh.read(1)
-        fh.seek(-1, os.SEEK_CUR)
-        fh.write(bytes([byte[0] ^ 0xFF]))
+    return publish_version(root, version, seed, work, hidden=hidden, layers=layers)
 
 
 @contextmanager
@@ -172,6 +151,35 @@ def worker_deployment(name: str, replicas: int, labels: dict[str, str]) -> dict[
     }
 
 
+def agent_flags(
+    host: str,
+    source_url: str,
+    initial_version: str,
+    allowed_username: str,
+    extra_args: list[str] | None = None,
+) -> list[str]:
+    """`ckpt-rollout agent` flags of a test worker: paddle reference engine on AGENT_PORT, boots
+    on ``initial_version``, accepts only the operator's token. The same flags serve kwok pods
+    (local provider) and the worker image's container args (existing clusters)."""
+    return [
+        "--host",
+        host,
+        "--port",
+        str(AGENT_PORT),
+        "--engine",
+        "paddle",
+        "--source",
+        source_url,
+        "--initial-version",
+        initial_version,
+        "--tokenreview-audience",
+        DEFAULT_AGENT_AUDIENCE,
+        "--allowed-usernames",
+        allowed_username,
+        *(extra_args or []),
+    ]
+
+
 @dataclass
 class AgentOptions:
     source_url: str
@@ -188,35 +196,20 @@ class AgentOptions:
             "POD_NAMESPACE": pod.namespace,
             "POD_IP": pod.ip,
         }
-        argv = [
-            *CLI,
-            "agent",
-            "--host",
-            pod.ip,
-            "--port",
-            str(AGENT_PORT),
-            "--engine",
-            "paddle",
-            "--source",
-            self.source_url,
-            "--initial-version",
-            self.initial_version,
-            "--tokenreview-audience",
-            DEFAULT_AGENT_AUDIENCE,
-            "--allowed-usernames",
-            self.allowed_username,
-            *self.extra_args,
-        ]
-        return Launch(argv=argv, env=env)
+        flags = agent_flags(
+            pod.ip, self.source_url, self.initial_version, self.allowed_username, self.extra_args
+        )
+        return Launch(argv=[*CLI, "agent", *flags], env=env)
 
 
 @dataclass
 class Worker:
     name: str
     ip: str
+    port: int = AGENT_PORT  # another port when the agent is reached through a port-forward
 
     def url(self, path: str) -> str:
-        return f"http://{self.ip}:{AGENT_PORT}{path}"
+        return f"http://{self.ip}:{self.port}{path}"
 
 
 def ready_workers(runtime: PodRuntime, count: int, token: str, timeout: float = 90.0) -> list[Worker]:
@@ -239,6 +232,36 @@ def ready_workers(runtime: PodRuntime, count: int, token: str, timeout: float = 
 def served_output(worker: Worker, token: str) -> list[float]:
     body = http_json(worker.url("/v1/infer"), token=token, body={})
     return list(body["output"])
+
+
+@functools.cache
+def _expected_output(version_dir: Path) -> tuple[float, ...]:
+    from ckpt_agent.synth import expected_infer_output
+
+    return tuple(expected_infer_output(version_dir))
+
+
+def serving_versions(
+    workers: list[Worker], token: str, version_dirs: Mapping[str, Path]
+) -> dict[str, str | None]:
+    """Which of ``version_dirs`` each worker's /v1/infer output matches (None: none of them)."""
+    import numpy as np
+
+    found: dict[str, str | None] = {}
+    for w in workers:
+        out = served_output(w, token)
+        found[w.name] = next(
+            (v for v, d in version_dirs.items() if np.allclose(out, _expected_output(d), atol=1e-5)), None
+        )
+    return found
+
+
+def agent_state(worker: Worker, token: str) -> str | None:
+    """The agent's load state from /v1/status ("loading", "idle", ...), None if unreachable."""
+    try:
+        return str(http_json(worker.url("/v1/status"), token=token, timeout=2)["state"])
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return None
 
 
 def update_calls(worker: Worker, token: str, result: str = "accepted") -> float:
@@ -304,7 +327,11 @@ class OperatorProcess:
             env=env,
         )
         self.starts += 1
-        wait_for(lambda: _ok(self.liveness_url), 60, "operator liveness endpoint")
+        proc = self.proc
+        wait_for(lambda: _ok(self.liveness_url) or proc.poll() is not None, 60, "operator liveness endpoint")
+        if proc.poll() is not None:
+            tail = "\n".join(self.log_path.read_text(errors="replace").splitlines()[-20:])
+            raise RuntimeError(f"operator exited with {proc.returncode} at startup; {self.log_path}:\n{tail}")
         return self
 
     @property
@@ -323,6 +350,21 @@ class OperatorProcess:
 
 
 # -- the CR ---------------------------------------------------------------------------------
+
+
+def rollout_spec(source_uri: str, version: str, labels: Mapping[str, str], **extra: Any) -> dict[str, Any]:
+    """A CheckpointRollout spec for the pods with ``labels``; ``extra`` adds spec fields."""
+    return {
+        "version": version,
+        "source": {"uri": source_uri},
+        "selector": {"matchLabels": dict(labels)},
+        **extra,
+    }
+
+
+def conditions(status: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """status.conditions by type."""
+    return {c["type"]: c for c in status.get("conditions") or []}
 
 
 class Rollouts:

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from .catalog import build as build_catalog
+from .catalog import model_flags
 from .fixtures import ClusterHandle, PodRuntimeFactory
 from .kubectl import Kubectl
 from .podruntime import PodRuntime
@@ -22,7 +24,6 @@ from .rollout_env import (
     Rollouts,
     Worker,
     operator_token,
-    publish_reference_version,
     ready_workers,
     serve_checkpoints,
     worker_deployment,
@@ -40,10 +41,6 @@ __all__ = [
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "checkpointrollouts.rollout.ckpt.dev.yaml"
-VERSIONS = {"v1": 1, "v2": 2, "v3": 3}
-# A bigger model, so loads take long enough to act on a rollout mid-wave.
-BIG = {"hidden": 2048, "layers": 6}
-BIG_VERSIONS = {"b1": 21, "b2": 22, "b3": 23}
 
 
 @pytest.fixture(scope="session")
@@ -56,13 +53,11 @@ def crd_installed(cluster: ClusterHandle) -> None:
 
 @pytest.fixture(scope="session")
 def checkpoint_source(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CheckpointSource]:
-    """v1, v2, v3 of the reference model, served over http for the whole session."""
+    """The scenario catalog (ckpt_e2e.catalog: v1-v3, big b1-b3, damaged versions), served
+    over http for the whole session."""
     work = tmp_path_factory.mktemp("ckpt")
     root = work / "versions"
-    root.mkdir()
-    digests = {v: publish_reference_version(root, v, seed, work) for v, seed in VERSIONS.items()}
-    for version, seed in BIG_VERSIONS.items():
-        digests[version] = publish_reference_version(root, version, seed, work, **BIG)
+    digests = build_catalog(root, work)
     with serve_checkpoints(root, work) as source:
         source.digests = digests
         yield source
@@ -136,14 +131,7 @@ def fleet_factory(
             initial_version=initial_version,
             kubeconfig=cluster.kubeconfig,
             allowed_username=operator_identity[0],
-            extra_args=[
-                *(extra_args or []),
-                *(
-                    ["--model-hidden", str(BIG["hidden"]), "--model-layers", str(BIG["layers"])]
-                    if big
-                    else []
-                ),
-            ],
+            extra_args=[*(extra_args or []), *model_flags(big)],
         )
         runtime = pod_runtime(f"app={WORKER_LABEL},fleet={name}", options.launch)
         token = operator_identity[1].read_text()

@@ -1,6 +1,7 @@
 """Integration tests on a real control plane; fixtures come from the ckpt_e2e plugin."""
 
 from ckpt_e2e.fixtures import cluster, k8s_api, kubectl, namespace, pod_runtime
+from ckpt_e2e.providers import provider, scenario_catalog
 from ckpt_e2e.rollout_fixtures import (
     checkpoint_source,
     crd_installed,
@@ -21,5 +22,7 @@ __all__ = [
     "operator",
     "operator_identity",
     "pod_runtime",
+    "provider",
     "rollouts",
+    "scenario_catalog",
 ]

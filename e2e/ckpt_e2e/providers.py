@@ -1,0 +1,516 @@
+"""Cluster providers: the scenario suite (e2e/tests/test_scenarios.py) runs unchanged on the
+local control plane (default, what CI runs) or on any cluster named by CKPT_E2E_KUBECONFIG
+(the kind path, e2e/kind/run.sh). A scenario asks its provider for a worker fleet, the
+checkpoint source and the faults it injects; everything else (the CR, events, what each agent
+serves) it reads the same way on both.
+
+| | local | existing (CKPT_E2E_KUBECONFIG) |
+| --- | --- | --- |
+| operator | `ckpt-rollout operator`, a child process | the Helm-installed Deployment |
+| workers | kwok pods, an agent process per pod (PodRuntime) | worker image pods (examples/) |
+| checkpoint source | `ckpt-rollout serve` on loopback | Service ckpt-src (e2e/kind/manifests) |
+| versions | `catalog.build` into a temp dir | `catalog.py` in the source's init container |
+| reaching agents | pod IPs (loopback) | one `kubectl port-forward` per pod |
+| kill the operator | SIGKILL the process, start another | `kubectl delete pod --force` |
+| crash a worker | SIGKILL its agent mid-load, delete its pod | `kubectl delete pod --force` |
+| restart kube-apiserver | stop and start the process | skipped (not our control plane) |
+
+In both, a crashed worker's pod is replaced by its Deployment: the replacement boots on the
+fleet's initial version and the rollout brings it to the target.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import signal
+import subprocess
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+import pytest
+import yaml
+
+from .catalog import build as build_catalog
+from .catalog import model_flags
+from .fixtures import ClusterHandle
+from .kubectl import Kubectl
+from .procs import WaitTimeout, spawn, stop, wait_for
+from .provision import ProvisionError, resolve
+from .rollout_env import (
+    AGENT_PORT,
+    CLI,
+    WORKER_LABEL,
+    OperatorProcess,
+    Rollouts,
+    Worker,
+    agent_flags,
+    agent_state,
+    http_json,
+    rollout_spec,
+)
+from .rollout_fixtures import Fleet
+
+__all__ = ["ExistingProvider", "LocalProvider", "Provider", "WorkerFleet", "provider", "scenario_catalog"]
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "ckpt-rollout"
+WORKER_EXAMPLE = ROOT / "examples" / "worker-deployment.yaml"
+
+
+class WorkerFleet(Protocol):
+    """A Deployment of worker pods whose agents the test can reach."""
+
+    name: str
+    labels: dict[str, str]
+    token: str  # accepted by the agents (the operator's identity)
+
+    def workers(self, count: int) -> list[Worker]:
+        """Wait until exactly ``count`` pods' agents answer; sorted by pod name."""
+        ...
+
+    def scale(self, replicas: int) -> None: ...
+
+
+@dataclass
+class Provider(ABC):
+    kind: ClassVar[str]
+    kubeconfig: Path
+    namespace: str
+    kubectl: Kubectl  # bound to the test's namespace
+    rollouts: Rollouts
+    source_uri: str  # spec.source.uri: where agents pull versions from
+    versions: Path  # a local copy of the catalog: what each version must answer
+
+    def version_dir(self, version: str) -> Path:
+        return self.versions / version
+
+    def spec(self, version: str, fleet: WorkerFleet, **extra: Any) -> dict[str, Any]:
+        return rollout_spec(self.source_uri, version, fleet.labels, **extra)
+
+    def cli(self, *args: str) -> str:
+        """`ckpt-rollout ARGS -n NAMESPACE` with the cluster's kubeconfig, as a user runs it."""
+        result = subprocess.run(
+            [*CLI, *args, "-n", self.namespace],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
+        )
+        assert result.returncode == 0, f"ckpt-rollout {' '.join(args)}: {result.stderr}"
+        return result.stdout
+
+    def fleet(
+        self,
+        replicas: int,
+        *,
+        name: str = "workers",
+        initial_version: str = "v1",
+        big: bool = False,
+        extra_args: list[str] | None = None,
+    ) -> WorkerFleet:
+        """A worker Deployment whose agents boot on ``initial_version``; returns once every
+        agent has finished that boot load (a scenario starts from a fleet at rest)."""
+        fleet = self._start_fleet(replicas, name, initial_version, [*(extra_args or []), *model_flags(big)])
+
+        def at_rest() -> bool:
+            return all(agent_state(w, fleet.token) == "idle" for w in fleet.workers(replicas))
+
+        wait_for(at_rest, 120, f"{replicas} agents done loading {initial_version}", interval=0.2)
+        return fleet
+
+    @abstractmethod
+    def _start_fleet(
+        self, replicas: int, name: str, initial_version: str, extra_args: list[str]
+    ) -> WorkerFleet:
+        """Create the Deployment; return once ``replicas`` agents answer."""
+
+    @abstractmethod
+    def kill_operator(self) -> None:
+        """The operator dies at once: no cleanup, no last status write."""
+
+    @abstractmethod
+    def start_operator(self) -> None:
+        """Returns once a fresh operator runs."""
+
+    @abstractmethod
+    def crash_worker(self, fleet: WorkerFleet, pod: str) -> None:
+        """The pod's agent dies where it stands and the pod goes; its Deployment replaces it."""
+
+    @abstractmethod
+    def apiserver_down(self) -> AbstractContextManager[None]:
+        """kube-apiserver is down for the block and back (same data) after it."""
+
+    @abstractmethod
+    def operator_log(self) -> str:
+        """What the running operator logged so far."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release what the provider started for the test."""
+
+
+# --------------------------------------------------------------------------- local
+
+
+@dataclass
+class LocalProvider(Provider):
+    kind: ClassVar[str] = "local"
+    handle: ClusterHandle
+    operator: OperatorProcess
+    make_fleet: Callable[..., Fleet]
+
+    def _start_fleet(
+        self, replicas: int, name: str, initial_version: str, extra_args: list[str]
+    ) -> WorkerFleet:
+        fleet: WorkerFleet = self.make_fleet(
+            replicas, name=name, initial_version=initial_version, extra_args=extra_args
+        )
+        return fleet
+
+    def kill_operator(self) -> None:
+        self.operator.kill()
+
+    def start_operator(self) -> None:
+        self.operator.start()
+
+    def crash_worker(self, fleet: WorkerFleet, pod: str) -> None:
+        assert isinstance(fleet, Fleet)
+        process = fleet.runtime.running()[pod]
+        os.killpg(process.pid, signal.SIGKILL)
+        process.proc.wait()
+        # kwok keeps a pod Running whatever its "container" does: the pod goes, as the node
+        # would report it on a real cluster, and the Deployment replaces it.
+        self.kubectl.run("delete", "pod", pod, "--grace-period=0", "--force", "--wait=false")
+
+    def apiserver_down(self) -> AbstractContextManager[None]:
+        assert self.handle.local is not None
+        return self.handle.local.apiserver_down()
+
+    def operator_log(self) -> str:
+        return self.operator.log_path.read_text(errors="replace")
+
+    def close(self) -> None:
+        """Nothing: the operator and fleet fixtures stop what they started."""
+
+
+# --------------------------------------------------------------------------- existing cluster
+
+
+@dataclass(frozen=True)
+class ExistingSettings:
+    """What e2e/kind/run.sh installed; override with the environment for another cluster."""
+
+    source_uri: str = "http://ckpt-src.ckpt-e2e.svc:8080"
+    worker_image: str = "ckpt-rollout-worker:e2e"
+    operator_namespace: str = "ckpt-rollout-system"
+    operator_release: str = "ckpt-rollout"
+    operator_account: str = "ckpt-rollout"
+
+    @classmethod
+    def from_env(cls) -> ExistingSettings:
+        env = os.environ.get
+        d = cls()
+        return cls(
+            source_uri=env("CKPT_E2E_SOURCE_URL", d.source_uri),
+            worker_image=env("CKPT_E2E_WORKER_IMAGE", d.worker_image),
+            operator_namespace=env("CKPT_E2E_OPERATOR_NAMESPACE", d.operator_namespace),
+            operator_release=env("CKPT_E2E_OPERATOR_RELEASE", d.operator_release),
+            operator_account=env("CKPT_E2E_OPERATOR_ACCOUNT", d.operator_account),
+        )
+
+    @property
+    def operator_username(self) -> str:
+        return f"system:serviceaccount:{self.operator_namespace}:{self.operator_account}"
+
+    @property
+    def operator_selector(self) -> str:
+        return f"app.kubernetes.io/instance={self.operator_release},app.kubernetes.io/component=operator"
+
+
+def worker_pod_deployment(
+    name: str, replicas: int, labels: dict[str, str], image: str, args: list[str]
+) -> dict[str, Any]:
+    """examples/worker-deployment.yaml (what users deploy) with this fleet's name, labels,
+    image and agent flags, and requests small enough for a laptop's kind cluster."""
+    deployment: dict[str, Any] = copy.deepcopy(yaml.safe_load(WORKER_EXAMPLE.read_text()))
+    deployment["metadata"] = {"name": name, "labels": dict(labels)}
+    spec = deployment["spec"]
+    spec["replicas"] = replicas
+    spec["selector"] = {"matchLabels": dict(labels)}
+    spec["template"]["metadata"]["labels"] = dict(labels)
+    container = spec["template"]["spec"]["containers"][0]
+    container["image"] = image
+    container["args"] = args
+    container["resources"] = {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}
+    return deployment
+
+
+@dataclass
+class PortForward:
+    proc: subprocess.Popen[bytes]
+    port: int
+
+
+@dataclass
+class ExistingFleet:
+    name: str
+    labels: dict[str, str]
+    token: str
+    kubectl: Kubectl
+    log_dir: Path
+    forwards: dict[str, PortForward] = field(default_factory=dict)  # by pod uid
+
+    def scale(self, replicas: int) -> None:
+        self.kubectl.run("scale", f"deployment/{self.name}", f"--replicas={replicas}")
+
+    def _forward(self, pod: str, uid: str) -> PortForward | None:
+        fwd = self.forwards.get(uid)
+        if fwd is not None and fwd.proc.poll() is None:
+            return fwd
+        log = self.log_dir / f"port-forward-{pod}-{uid[:8]}.log"
+        argv = [
+            str(self.kubectl.binary),
+            f"--kubeconfig={self.kubectl.kubeconfig}",
+            f"--namespace={self.kubectl.namespace}",
+            "port-forward",
+            f"pod/{pod}",
+            f":{AGENT_PORT}",
+            "--address=127.0.0.1",
+        ]
+        proc = spawn(argv, log)
+
+        def forwarding() -> int | None:
+            text = log.read_text() if log.exists() else ""
+            found = re.search(r"Forwarding from 127\.0\.0\.1:(\d+)", text)
+            return int(found.group(1)) if found else None
+
+        with suppress(WaitTimeout):
+            wait_for(lambda: forwarding() or proc.poll() is not None, 30, f"port-forward to {pod}")
+        port = forwarding()
+        if port is None or proc.poll() is not None:  # e.g. the pod is not ready for it yet
+            stop(proc)
+            return None
+        self.forwards[uid] = PortForward(proc, port)
+        return self.forwards[uid]
+
+    def workers(self, count: int) -> list[Worker]:
+        selector = ",".join(f"{k}={v}" for k, v in self.labels.items())
+
+        def answering() -> list[Worker] | None:
+            pods = self.kubectl.json("get", "pods", "-l", selector)["items"]
+            running = [
+                p
+                for p in pods
+                if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+            ]
+            if len(running) != count:
+                return None
+            workers = []
+            for pod in running:
+                fwd = self._forward(pod["metadata"]["name"], pod["metadata"]["uid"])
+                if fwd is None:
+                    return None
+                worker = Worker(pod["metadata"]["name"], "127.0.0.1", fwd.port)
+                try:
+                    http_json(worker.url("/v1/status"), token=self.token, timeout=2)
+                except OSError:
+                    return None
+                workers.append(worker)
+            return sorted(workers, key=lambda w: w.name)
+
+        return wait_for(answering, 300, f"{count} agents of {self.name} answering", interval=1.0)
+
+    def close(self) -> None:
+        for fwd in self.forwards.values():
+            stop(fwd.proc)
+        self.forwards.clear()
+
+
+def _helm_binary() -> Path:
+    try:
+        return resolve(["helm"])["helm"]
+    except ProvisionError:
+        import shutil
+
+        found = shutil.which("helm")
+        if found is None:
+            raise
+        return Path(found)
+
+
+@dataclass
+class ExistingProvider(Provider):
+    kind: ClassVar[str] = "existing"
+    settings: ExistingSettings
+    log_dir: Path
+    fleets: list[ExistingFleet] = field(default_factory=list)
+    _token: str | None = None
+    _rbac_release: str | None = None
+    _killed: set[str] = field(default_factory=set)  # operator pods kill_operator deleted
+
+    @property
+    def operator_kubectl(self) -> Kubectl:
+        return self.kubectl.in_namespace(self.settings.operator_namespace)
+
+    def token(self) -> str:
+        """A token of the Helm-installed operator's ServiceAccount, for the agents' audience:
+        what the operator itself presents, so tests read agents as the operator does."""
+        if self._token is None:
+            self._token = self.operator_kubectl.run(
+                "create", "token", self.settings.operator_account, "--audience=ckpt-rollout-agent"
+            ).stdout.strip()
+        return self._token
+
+    def _worker_rbac(self) -> None:
+        """The chart's worker RBAC for this test's namespace, rendered from the chart itself."""
+        if self._rbac_release is not None:
+            return
+        release = f"e2e-{self.namespace}"[:53]
+        rendered = subprocess.run(
+            [
+                str(_helm_binary()), "template", release, str(CHART),
+                "--namespace", self.namespace,
+                "--show-only", "templates/worker-rbac.yaml",
+                "--set", f"fullnameOverride={release}",
+                "--set", "workerRbac.enabled=true",
+                "--set", f"workerRbac.namespaces={{{self.namespace}}}",
+            ],
+            capture_output=True, text=True, check=True, timeout=60,
+        ).stdout  # fmt: skip
+        self.kubectl.apply(rendered)
+        self._rbac_release = release
+
+    def _start_fleet(
+        self, replicas: int, name: str, initial_version: str, extra_args: list[str]
+    ) -> WorkerFleet:
+        self._worker_rbac()
+        labels = {"app": WORKER_LABEL, "fleet": name}
+        # 0.0.0.0, not $POD_IP: kubectl port-forward reaches the agent on the pod's loopback.
+        args = agent_flags(
+            "0.0.0.0", self.settings.source_uri, initial_version, self.settings.operator_username, extra_args
+        )
+        self.kubectl.apply(worker_pod_deployment(name, replicas, labels, self.settings.worker_image, args))
+        fleet = ExistingFleet(name, labels, self.token(), self.kubectl, self.log_dir)
+        self.fleets.append(fleet)
+        fleet.workers(replicas)
+        return fleet
+
+    def _operator_pods(self) -> list[dict[str, Any]]:
+        pods: list[dict[str, Any]] = self.operator_kubectl.json(
+            "get", "pods", "-l", self.settings.operator_selector
+        )["items"]
+        return pods
+
+    def kill_operator(self) -> None:
+        self._killed = {p["metadata"]["name"] for p in self._operator_pods()}
+        assert self._killed, f"no operator pod matches {self.settings.operator_selector}"
+        self.operator_kubectl.run(
+            "delete",
+            "pod",
+            "-l",
+            self.settings.operator_selector,
+            "--grace-period=0",
+            "--force",
+            "--wait=false",
+        )
+
+    def start_operator(self) -> None:
+        def fresh_ready() -> bool:
+            for pod in self._operator_pods():
+                ready = any(
+                    c["type"] == "Ready" and c["status"] == "True"
+                    for c in pod["status"].get("conditions", [])
+                )
+                if pod["metadata"]["name"] not in self._killed and ready:
+                    return True
+            return False
+
+        wait_for(fresh_ready, 180, "a new operator pod Ready", interval=1.0)
+
+    def crash_worker(self, fleet: WorkerFleet, pod: str) -> None:
+        # The agent is the container's PID 1: only the kubelet can SIGKILL it; a forced
+        # delete does, and the pod is gone at once.
+        self.kubectl.run("delete", "pod", pod, "--grace-period=0", "--force", "--wait=false")
+
+    def operator_log(self) -> str:
+        return self.operator_kubectl.run(
+            "logs", "-l", self.settings.operator_selector, "--tail=-1", "--all-containers"
+        ).stdout
+
+    def apiserver_down(self) -> AbstractContextManager[None]:
+        pytest.skip(
+            "restarting kube-apiserver needs control of the control plane's processes: "
+            "run on the local control plane (no CKPT_E2E_KUBECONFIG)"
+        )
+
+    def close(self) -> None:
+        for fleet in self.fleets:
+            fleet.close()
+        if self._rbac_release is not None:
+            # Namespaced objects go with the namespace; the TokenReview binding is cluster-wide.
+            self.kubectl.run(
+                "delete",
+                "clusterrole,clusterrolebinding",
+                "-l",
+                f"app.kubernetes.io/instance={self._rbac_release}",
+                "--ignore-not-found",
+                check=False,
+            )
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="session")
+def scenario_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Existing clusters: a local copy of the catalog the in-cluster source serves."""
+    work = tmp_path_factory.mktemp("catalog")
+    build_catalog(work / "versions", work)
+    return work / "versions"
+
+
+@pytest.fixture
+def provider(
+    request: pytest.FixtureRequest,
+    cluster: ClusterHandle,
+    namespace: str,
+    kubectl: Kubectl,
+    rollouts: Rollouts,
+    tmp_path: Path,
+) -> Iterator[Provider]:
+    """The local provider, or the existing-cluster one when CKPT_E2E_KUBECONFIG is set."""
+    chosen: Provider
+    if cluster.local is not None:
+        source = request.getfixturevalue("checkpoint_source")
+        chosen = LocalProvider(
+            kubeconfig=cluster.kubeconfig,
+            namespace=namespace,
+            kubectl=kubectl,
+            rollouts=rollouts,
+            source_uri=source.url,
+            versions=source.root,
+            handle=cluster,
+            operator=request.getfixturevalue("operator"),
+            make_fleet=request.getfixturevalue("fleet_factory"),
+        )
+    else:
+        chosen = ExistingProvider(
+            kubeconfig=cluster.kubeconfig,
+            namespace=namespace,
+            kubectl=kubectl,
+            rollouts=rollouts,
+            source_uri=ExistingSettings.from_env().source_uri,
+            versions=request.getfixturevalue("scenario_catalog"),
+            settings=ExistingSettings.from_env(),
+            log_dir=tmp_path / "port-forwards",
+        )
+    try:
+        yield chosen
+    finally:
+        chosen.close()

@@ -1,0 +1,404 @@
+"""The scenario suite: what a user of ckpt-rollout can count on, end to end.
+
+Cluster-agnostic: the local control plane by default (kwok pods running real agents, the
+operator as a process), any cluster with CKPT_E2E_KUBECONFIG (e2e/kind/run.sh: the chart's
+operator, worker-image pods); see ckpt_e2e.providers for what differs. Every scenario asserts
+on the CR status, on the events, and on what each worker actually serves (/v1/infer against
+the published weights), plus how many loads each agent accepted where double work matters.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from ckpt_e2e.kubectl import Kubectl
+from ckpt_e2e.procs import wait_for
+from ckpt_e2e.providers import Provider, WorkerFleet
+from ckpt_e2e.rollout_env import (
+    Worker,
+    agent_state,
+    conditions,
+    http_json,
+    serving_versions,
+    update_calls,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.scenario]
+
+NAME = "fleet"
+SMALL = ("v1", "v2", "v3")
+BIG = ("b1", "b2", "b3")
+ENDED = {"Succeeded", "Failed", "RolledBack"}
+MIN_OUTAGE_S = 3.0
+
+
+def _serving(provider: Provider, fleet: WorkerFleet, workers: list[Worker], versions: tuple[str, ...]) -> Any:
+    """pod -> which published version its /v1/infer answer matches."""
+    return serving_versions(workers, fleet.token, {v: provider.version_dir(v) for v in versions})
+
+
+def _calls(fleet: WorkerFleet, workers: list[Worker]) -> dict[str, float]:
+    """pod -> weight loads its agent accepted (ckpt_agent_update_requests_total{result=accepted})."""
+    return {w.name: update_calls(w, fleet.token) for w in workers}
+
+
+def _reasons(provider: Provider) -> list[str]:
+    return [e["reason"] for e in provider.rollouts.events(NAME)]
+
+
+def _why(status: dict[str, Any]) -> str:
+    """What a failed phase assertion shows: the message, the failed workers, the waves."""
+    return f"{status.get('message')}; workers={status.get('workers')}; waves={status.get('waves')}"
+
+
+def _wave_called(provider: Provider, index: int) -> dict[str, Any]:
+    """The status once wave ``index`` has called its pods."""
+
+    def called() -> dict[str, Any] | None:
+        status = provider.rollouts.status(NAME)
+        waves = status.get("waves") or []
+        return status if len(waves) > index and waves[index].get("called") else None
+
+    return wait_for(called, 120, f"wave {index} calls", interval=0.05)
+
+
+def test_happy_path(provider: Provider, kubectl: Kubectl) -> None:
+    fleet = provider.fleet(5)
+    workers = fleet.workers(5)
+    assert set(_serving(provider, fleet, workers, SMALL).values()) == {"v1"}
+
+    provider.rollouts.create(
+        NAME, provider.spec("v2", fleet, verifyChecksum=True, strategy={"waves": [1, "60%", "100%"]})
+    )
+    kubectl.run("wait", "--for=condition=Complete", f"ckr/{NAME}", "--timeout=180s", timeout=200)
+
+    status = provider.rollouts.status(NAME)
+    assert status["phase"] == "Succeeded"
+    assert (status["targetVersion"], status["stableVersion"], status["previousVersion"]) == ("v2", "v2", "v1")
+    assert (status["updatedReplicas"], status["replicas"], status["failedReplicas"]) == (5, 5, 0)
+    assert [len(w["pods"]) for w in status["waves"]] == [1, 2, 2]
+    assert [(w["kind"], w["phase"], w["updated"]) for w in status["waves"]] == [
+        ("Spec", "Completed", 1),
+        ("Spec", "Completed", 2),
+        ("Spec", "Completed", 2),
+    ]
+    assert status.get("workers", {}) == {}, "successes are folded into wave counters"
+    conds = conditions(status)
+    assert {t: conds[t]["status"] for t in ("Complete", "Ready", "Progressing", "Failed")} == {
+        "Complete": "True",
+        "Ready": "True",
+        "Progressing": "False",
+        "Failed": "False",
+    }
+    assert set(_serving(provider, fleet, workers, SMALL).values()) == {"v2"}
+    assert set(_calls(fleet, workers).values()) == {1}
+    # Peer relay (on by default): after the canary, bytes come from updated peers.
+    (canary,) = status["waves"][0]["pods"]
+    for w in workers:
+        last = http_json(w.url("/v1/status"), token=fleet.token)["last_load"]
+        if w.name == canary:
+            assert last["peer"] is None
+        else:
+            assert last["peer"] is not None, w.name
+            assert last["bytes_from_peer"] > 0, last
+            assert last["fallback_reason"] is None, last
+
+    reasons = _reasons(provider)
+    assert reasons.count("RolloutStarted") == 1
+    assert reasons.count("WaveStarted") == 3
+    assert reasons.count("WaveCompleted") == 3
+    assert "RolloutCompleted" in reasons
+    assert "WorkerFailed" not in reasons
+
+    table = kubectl.run("get", "ckr", NAME).stdout
+    header = table.splitlines()[0].split()
+    assert header == ["NAME", "VERSION", "PHASE", "UPDATED", "REPLICAS", "WAVE", "AGE"]
+    assert table.splitlines()[1].split()[1:6] == ["v2", "Succeeded", "5", "5", "3/3"]
+
+
+def test_corrupted_tensor_with_verify_changes_no_worker(provider: Provider) -> None:
+    """v-corrupt has one flipped byte in layers.1.weight; the manifest's checksum catches it."""
+    fleet = provider.fleet(4)
+    workers = fleet.workers(4)
+    provider.rollouts.create(
+        NAME,
+        provider.spec(
+            "v-corrupt",
+            fleet,
+            verifyChecksum=True,
+            strategy={"waves": [1, "100%"]},
+            failurePolicy={"maxFailures": 0, "onFailure": "Halt"},
+        ),
+    )
+    status = provider.rollouts.wait_phase(NAME, ENDED)
+    assert status["phase"] == "Failed"
+    assert len(status["waves"]) == 1, "no wave after the failed canary"
+    assert status["waves"][0]["phase"] == "Failed"
+    (canary,) = status["waves"][0]["pods"]
+    entry = status["workers"][canary]
+    assert (entry["phase"], entry["reason"]) == ("Failed", "ChecksumMismatch")
+    assert "layers.1.weight" in entry["message"]
+    assert status["failedReplicas"] == 1
+    failed = conditions(status)["Failed"]
+    assert (failed["status"], failed["reason"]) == ("True", "ChecksumMismatch")
+
+    # The canary still serves v1; nobody else was even asked.
+    assert set(_serving(provider, fleet, workers, SMALL).values()) == {"v1"}
+    assert _calls(fleet, workers) == {w.name: (1 if w.name == canary else 0) for w in workers}
+    reasons = _reasons(provider)
+    assert {"WorkerFailed", "RolloutFailed"} <= set(reasons)
+    assert "RollbackStarted" not in reasons
+
+
+def test_truncated_shard_without_verify_keeps_old_weights(provider: Provider) -> None:
+    """v-truncated's shard lost its second half at the source; without checksums the agent still
+    finds out (short read), reports TruncatedShard, and never applies a partial model."""
+    fleet = provider.fleet(3)
+    workers = fleet.workers(3)
+    provider.rollouts.create(NAME, provider.spec("v-truncated", fleet, strategy={"waves": [1, "100%"]}))
+    status = provider.rollouts.wait_phase(NAME, ENDED)
+    # Default policy (maxFailures 0, Rollback): the failed canary kept its weights, so the
+    # rollback has nobody to move.
+    assert status["phase"] == "RolledBack", _why(status)
+    (canary,) = status["waves"][0]["pods"]
+    entry = status["workers"][canary]
+    assert (entry["phase"], entry["reason"]) == ("Failed", "TruncatedShard")
+    assert ".safetensors" in entry["message"]
+    assert entry.get("checksumVerified") is not True
+    assert status["rollback"]["version"] == "v1"
+    assert status["rollback"]["pods"] == []
+    assert "TruncatedShard" in status["message"]
+    failed = conditions(status)["Failed"]
+    assert (failed["status"], failed["reason"]) == ("True", "TruncatedShard")
+
+    assert set(_serving(provider, fleet, workers, SMALL).values()) == {"v1"}
+    assert _calls(fleet, workers) == {w.name: (1 if w.name == canary else 0) for w in workers}
+    reasons = _reasons(provider)
+    assert {"WorkerFailed", "RollbackStarted", "RolledBack"} <= set(reasons)
+    assert "RolloutCompleted" not in reasons
+
+
+def test_agent_killed_mid_load(provider: Provider) -> None:
+    """A worker crashes while it loads; its Deployment replaces the pod. The rollout counts the
+    old pod as gone (not failed), brings the replacement (booted on b1) to b2 in a drift
+    wave, and succeeds with every worker on b2."""
+    fleet = provider.fleet(3, initial_version="b1", big=True)
+    workers = {w.name: w for w in fleet.workers(3)}
+    provider.rollouts.create(NAME, provider.spec("b2", fleet, strategy={"waves": [1, "100%"]}))
+    called = _wave_called(provider, 1)["waves"][1]["called"]
+
+    def loading() -> str | None:
+        return next((p for p in called if agent_state(workers[p], fleet.token) == "loading"), None)
+
+    victim = wait_for(loading, 60, "a wave-2 worker loading b2", interval=0.02)
+    provider.crash_worker(fleet, victim)
+
+    status = provider.rollouts.wait_phase(NAME, ENDED, timeout=240)
+    assert status["phase"] == "Succeeded", _why(status)
+    now = fleet.workers(3)
+    (replacement,) = [w for w in now if w.name not in workers]
+    assert victim not in {w.name for w in now}
+    wave = status["waves"][1]
+    assert (wave["phase"], wave["updated"], wave["gone"], wave["failed"]) == ("Completed", 1, 1, 0)
+    drift = status["waves"][2:]
+    assert [w["kind"] for w in drift] == ["Drift"]
+    assert drift[0]["pods"] == [replacement.name]
+    assert (status["updatedReplicas"], status["replicas"]) == (3, 3)
+    assert conditions(status)["Complete"]["status"] == "True"
+
+    assert set(_serving(provider, fleet, now, BIG).values()) == {"b2"}
+    assert set(_calls(fleet, now).values()) == {1}
+    reasons = _reasons(provider)
+    assert reasons.count("WaveStarted") == 3
+    assert "RolloutCompleted" in reasons
+    assert "WorkerFailed" not in reasons
+
+
+def test_operator_killed_mid_wave(provider: Provider) -> None:
+    fleet = provider.fleet(5, initial_version="b1", big=True)
+    workers = fleet.workers(5)
+    provider.rollouts.create(
+        NAME, provider.spec("b2", fleet, verifyChecksum=True, strategy={"waves": [1, "60%", "100%"]})
+    )
+    _wave_called(provider, 1)
+    provider.kill_operator()
+    frozen = provider.rollouts.status(NAME)
+    assert frozen["phase"] == "Progressing"
+    assert frozen["waves"][1]["phase"] == "Running", "killed in the middle of wave 2"
+
+    provider.start_operator()
+    status = provider.rollouts.wait_phase(NAME, ENDED, timeout=240)
+    assert status["phase"] == "Succeeded", _why(status)
+    assert [w["phase"] for w in status["waves"]] == ["Completed"] * 3
+    assert status["updatedReplicas"] == 5
+    # The new operator resumed from the status: nobody was called twice.
+    assert set(_calls(fleet, workers).values()) == {1}
+    assert set(_serving(provider, fleet, workers, BIG).values()) == {"b2"}
+    reasons = _reasons(provider)
+    assert reasons.count("RolloutStarted") == 1
+    assert reasons.count("WaveStarted") == 3
+    assert "RolloutCompleted" in reasons
+
+
+def test_kube_apiserver_restarted_mid_rollout(provider: Provider) -> None:
+    """The apiserver goes away while wave 2 loads and stays away until the loads are over:
+    the agents cannot report, the operator cannot write. Once it is back the rollout ends
+    Succeeded, from what the agents say, without calling anyone twice, and the operator's
+    rollout loop rode through the outage (kopf would restart a crashed one a minute later)."""
+    fleet = provider.fleet(4, initial_version="b1", big=True)
+    workers = {w.name: w for w in fleet.workers(4)}
+    provider.rollouts.create(NAME, provider.spec("b2", fleet, strategy={"waves": [1, "100%"]}))
+    called = _wave_called(provider, 1)["waves"][1]["called"]
+    with provider.apiserver_down():
+        down_since = time.monotonic()
+
+        def loads_over() -> bool:
+            return all(agent_state(workers[p], fleet.token) not in ("loading", None) for p in called)
+
+        wait_for(loads_over, 120, "wave 2 loads to end while the apiserver is down", interval=0.2)
+        # An outage as long as a real restart's, so every client (operator loop, watches,
+        # agents' reports) meets it, not only the ones that happen to run right now.
+        time.sleep(max(0.0, MIN_OUTAGE_S - (time.monotonic() - down_since)))
+    status = provider.rollouts.wait_phase(NAME, ENDED, timeout=240)
+    assert status["phase"] == "Succeeded", _why(status)
+    assert [(w["phase"], w["updated"]) for w in status["waves"]] == [("Completed", 1), ("Completed", 3)]
+    assert conditions(status)["Complete"]["status"] == "True"
+    assert set(_calls(fleet, list(workers.values())).values()) == {1}
+    assert set(_serving(provider, fleet, list(workers.values()), BIG).values()) == {"b2"}
+    reasons = _reasons(provider)
+    assert "RolloutCompleted" in reasons
+    assert "WorkerFailed" not in reasons
+    assert "failed with an exception" not in provider.operator_log()
+
+
+def test_version_bumped_mid_rollout(provider: Provider) -> None:
+    fleet = provider.fleet(3, initial_version="b1", big=True)
+    workers = fleet.workers(3)
+    provider.rollouts.create(NAME, provider.spec("b2", fleet, strategy={"waves": [1, "100%"]}))
+    canary = _wave_called(provider, 0)["waves"][0]["called"][0]
+    provider.rollouts.patch_spec(NAME, {"version": "b3"})
+
+    status = provider.rollouts.wait_phase(NAME, ENDED, timeout=180, version="b3")
+    assert status["phase"] == "Succeeded", _why(status)
+    assert (status["targetVersion"], status["stableVersion"], status["supersededVersion"]) == (
+        "b3",
+        "b3",
+        "b2",
+    )
+    # The pod the superseded rollout had called catches up first, then the waves run.
+    assert status["waves"][0]["kind"] == "CatchUp"
+    assert status["waves"][0]["pods"] == [canary]
+    assert [w["kind"] for w in status["waves"][1:]] == ["Spec", "Spec"]
+    assert set(_serving(provider, fleet, workers, BIG).values()) == {"b3"}
+    # b2 on the canary (finished before b3 could start), b3 everywhere: no other load.
+    assert _calls(fleet, workers) == {w.name: (2 if w.name == canary else 1) for w in workers}
+    reasons = _reasons(provider)
+    assert reasons.count("RolloutStarted") == 2
+    assert "Superseded" in reasons
+    assert "RolloutCompleted" in reasons
+
+
+def test_scale_up_during_a_rollout(provider: Provider) -> None:
+    fleet = provider.fleet(3, initial_version="b1", big=True)
+    first = {w.name for w in fleet.workers(3)}
+    provider.rollouts.create(NAME, provider.spec("b2", fleet, strategy={"waves": [1, "100%"]}))
+    _wave_called(provider, 1)
+    fleet.scale(5)
+
+    status = provider.rollouts.wait_phase(NAME, ENDED, timeout=240)
+    assert status["phase"] == "Succeeded", _why(status)
+    workers = fleet.workers(5)
+    joined = sorted(w.name for w in workers if w.name not in first)
+    assert len(joined) == 2
+    # The spec waves keep their members; pods that joined meanwhile get drift waves.
+    assert [w["kind"] for w in status["waves"][:2]] == ["Spec", "Spec"]
+    drift = status["waves"][2:]
+    assert drift
+    assert {w["kind"] for w in drift} == {"Drift"}
+    assert sorted(p for w in drift for p in w["pods"]) == joined
+    assert (status["updatedReplicas"], status["replicas"]) == (5, 5)
+    assert set(_serving(provider, fleet, workers, BIG).values()) == {"b2"}
+    assert set(_calls(fleet, workers).values()) == {1}
+    reasons = _reasons(provider)
+    assert reasons.count("WaveStarted") == 2 + len(drift)
+    assert "RolloutCompleted" in reasons
+    assert "WorkerFailed" not in reasons
+
+
+def test_pause_resume_and_promote(provider: Provider) -> None:
+    """Staged paused, resumed with `ckpt-rollout resume`, held after the canary by
+    pauseAfterWave, let go with `ckpt-rollout promote`."""
+    fleet = provider.fleet(4)
+    workers = fleet.workers(4)
+    provider.rollouts.create(
+        NAME,
+        provider.spec(
+            "v2", fleet, paused=True, strategy={"waves": [1, "50%", "100%"], "pauseAfterWave": [0]}
+        ),
+    )
+    status = provider.rollouts.wait_phase(NAME, {"Paused"})
+    assert not status.get("waves"), "nobody is called while spec.paused"
+    assert conditions(status)["Paused"]["status"] == "True"
+    assert set(_calls(fleet, workers).values()) == {0}
+
+    provider.cli("resume", NAME)
+
+    def held_after_canary() -> dict[str, Any] | None:
+        s = provider.rollouts.status(NAME)
+        return s if s.get("phase") == "Paused" and s.get("waveProgress") == "1/3" else None
+
+    status = wait_for(held_after_canary, 120, "paused after the canary wave", interval=0.2)
+    (canary,) = status["waves"][0]["pods"]
+    assert conditions(status)["Paused"]["status"] == "True"
+    assert "for promote" in status["message"]
+    assert "Paused" in provider.cli("status", NAME)
+    serving = _serving(provider, fleet, workers, SMALL)
+    assert serving == {w.name: ("v2" if w.name == canary else "v1") for w in workers}
+
+    provider.cli("promote", NAME)
+    status = provider.rollouts.wait_phase(NAME, ENDED)
+    assert status["phase"] == "Succeeded", _why(status)
+    assert [len(w["pods"]) for w in status["waves"]] == [1, 1, 2]
+    assert conditions(status)["Paused"]["status"] == "False"
+    assert status["pausedSeconds"] > 0
+    assert set(_serving(provider, fleet, workers, SMALL).values()) == {"v2"}
+    assert set(_calls(fleet, workers).values()) == {1}
+    reasons = _reasons(provider)
+    assert reasons.count("Paused") == 2
+    assert reasons.count("Resumed") == 2
+    assert "RolloutCompleted" in reasons
+
+
+def test_abort(provider: Provider) -> None:
+    """`ckpt-rollout abort` after the canary: the canary goes back to v1; the next version
+    then rolls out normally."""
+    fleet = provider.fleet(3)
+    workers = fleet.workers(3)
+    provider.rollouts.create(
+        NAME, provider.spec("v2", fleet, strategy={"waves": [1, "100%"], "pauseAfterWave": [0]})
+    )
+    status = provider.rollouts.wait_phase(NAME, {"Paused"})
+    (canary,) = status["waves"][0]["pods"]
+    assert _serving(provider, fleet, workers, SMALL)[canary] == "v2"
+
+    provider.cli("abort", NAME)
+    status = provider.rollouts.wait_phase(NAME, {"RolledBack", "Failed"})
+    assert status["phase"] == "RolledBack", _why(status)
+    assert (status["rollback"]["version"], status["rollback"]["pods"]) == ("v1", [canary])
+    assert status["rollback"]["phase"] == "Completed"
+    failed = conditions(status)["Failed"]
+    assert (failed["status"], failed["reason"]) == ("True", "Aborted")
+    assert set(_serving(provider, fleet, workers, SMALL).values()) == {"v1"}
+    assert _calls(fleet, workers) == {w.name: (2 if w.name == canary else 0) for w in workers}
+    reasons = _reasons(provider)
+    assert {"RollbackStarted", "RolledBack"} <= set(reasons)
+
+    provider.rollouts.patch_spec(NAME, {"version": "v3", "strategy": {"pauseAfterWave": []}})
+    status = provider.rollouts.wait_phase(NAME, ENDED, version="v3")
+    assert status["phase"] == "Succeeded", _why(status)
+    assert status["previousVersion"] == "v1"
+    assert set(_serving(provider, fleet, workers, SMALL).values()) == {"v3"}
+    assert _calls(fleet, workers) == {w.name: (3 if w.name == canary else 1) for w in workers}
