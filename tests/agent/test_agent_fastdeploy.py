@@ -104,3 +104,16 @@ async def test_manifest_preflight_refuses_before_pausing(
     status = await client.wait_settled()
     assert (status["version"], status["manifest_digest"]) == ("v2", tree.digests["v2"])
     assert status["bytes_total"] == sum(t["nbytes"] for t in tree.manifest("v2")["tensors"])
+
+
+async def test_a_peer_is_not_used_by_an_engine_that_pulls_by_itself(
+    tree: Tree, agent_factory: AgentFactory, fastdeploy: FastDeployStandIn
+) -> None:
+    client = await _agent(agent_factory, fastdeploy, source=tree.file_uri)
+    body = {"uri": tree.file_uri, "peer": "http://127.0.0.1:9"}
+    assert (await client.update("v2", verify_checksum=True, source=body))[0] == 202
+    status = await client.wait_settled()
+    last = status["last_load"]
+    assert (status["version"], last["peer"], last["bytes_from_peer"]) == ("v2", "http://127.0.0.1:9", 0)
+    assert last["fallback_reason"] is None
+    assert fastdeploy.names == ["pause", "update_weights", "resume"]

@@ -102,7 +102,9 @@ class InProcessLoader:
                 relay = self._live_copy(raw, manifest, job)
         finally:
             transport.close()
-        return LoadOutcome(manifest.total_bytes, job.must_verify, digest, relay)
+        return LoadOutcome(
+            manifest.total_bytes, job.must_verify, digest, relay, from_peer=job.peer is not None
+        )
 
     async def _staged(
         self,

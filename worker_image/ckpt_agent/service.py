@@ -226,7 +226,7 @@ class AgentService:
             self._record(
                 job.version, "Updated", Reason.LOADED, outcome.bytes, seconds, outcome.checksum_verified
             )
-            self._record_peer(job, outcome.bytes)
+            self._record_peer(job, outcome)
             if outcome.relay is not None:
                 if outcome.checksum_verified:
                     self.relay = outcome.relay
@@ -278,7 +278,7 @@ class AgentService:
         self.updates["failed"] += 1
         done = self.progress.bytes_done
         self._record(job.version, "Failed", error.reason, done, seconds, False, error.message)
-        self._record_peer(job, 0)
+        self._record_peer(job, None)
         if rollout is not None:
             self._report(rollout, job.version, "Failed", error.reason, error.message, done, seconds)
         if error.weights_lost:
@@ -308,15 +308,16 @@ class AgentService:
             "finished_at": rfc3339(),
         }
 
-    def _record_peer(self, job: LoadJob, loaded_bytes: int) -> None:
+    def _record_peer(self, job: LoadJob, outcome: LoadOutcome | None) -> None:
         """Where the bytes of the last load came from: the peer, the source, or both (a fallback
-        after the peer failed part way). `loaded_bytes`: of the attempt that succeeded, or 0."""
+        after the peer failed part way). `outcome`: of the attempt that succeeded, if any."""
         assert self.last_load is not None
-        from_peer = job.peer is not None and self._fallback is None
+        loaded = outcome.bytes if outcome is not None else 0
+        from_peer = outcome is not None and outcome.from_peer
         self.last_load.update(
             peer=job.peer,
-            bytes_from_peer=loaded_bytes if from_peer else self._peer_bytes,
-            bytes_from_source=0 if from_peer else loaded_bytes,
+            bytes_from_peer=loaded if from_peer else self._peer_bytes,
+            bytes_from_source=0 if from_peer else loaded,
             fallback_reason=self._fallback,
         )
 

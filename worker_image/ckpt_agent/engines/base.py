@@ -49,6 +49,8 @@ class LoadOutcome:
     manifest_digest: str | None
     # The verified copy this agent can now relay to peers (None: it cannot relay this version).
     relay: RelayCopy | None = None
+    # The tensor bytes came from `LoadJob.peer` (engines that pull by themselves ignore peers).
+    from_peer: bool = False
 
 
 class EngineUnavailable(Exception):

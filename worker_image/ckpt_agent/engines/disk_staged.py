@@ -141,7 +141,9 @@ class DiskStagedEngine:
         if previous is not None:
             previous.release()
         relay = RelayCopy.from_store(raw, manifest, staged) if self._relay and job.must_verify else None
-        return LoadOutcome(manifest.total_bytes, job.must_verify, digest, relay)
+        return LoadOutcome(
+            manifest.total_bytes, job.must_verify, digest, relay, from_peer=job.peer is not None
+        )
 
     def _stage(
         self, transport: Transport, manifest: Manifest, job: LoadJob, progress: LoadProgress
