@@ -28,6 +28,17 @@ if ! go_ok; then
   export GOTOOLCHAIN="go1.26.8"
 fi
 
+# --- shellcheck (tests/test_shellcheck.py lints every shell script, e2e/kind/run.sh included;
+# it skips without the binary). Debian's package; best effort, like a developer machine.
+if ! command -v shellcheck >/dev/null 2>&1; then
+  echo "ci-provision: installing shellcheck" >&2
+  if ! { apt-get install -y -qq shellcheck >/dev/null 2>&1 ||
+    { apt-get update -qq && apt-get install -y -qq shellcheck >/dev/null; }; }; then
+    echo "ci-provision: could not install shellcheck; tests/test_shellcheck.py will skip" >&2
+  fi
+fi
+# --- end shellcheck
+
 start=$(date +%s)
 python3 e2e/ckpt_e2e/provision.py
 echo "ci-provision: control-plane binaries ready in $(( $(date +%s) - start ))s"

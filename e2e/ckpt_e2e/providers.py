@@ -332,7 +332,7 @@ class ExistingFleet:
         self.forwards.clear()
 
 
-def _helm_binary() -> Path:
+def helm_binary() -> Path:
     try:
         return resolve(["helm"])["helm"]
     except ProvisionError:
@@ -342,6 +342,39 @@ def _helm_binary() -> Path:
         if found is None:
             raise
         return Path(found)
+
+
+def apply_worker_rbac(kubectl: Kubectl) -> str:
+    """The chart's worker RBAC (templates/worker-rbac.yaml: ServiceAccount ckpt-rollout-worker,
+    its Role, and TokenReview) for ``kubectl``'s namespace, rendered from the chart itself and
+    applied; returns the release name its objects are labelled with."""
+    assert kubectl.namespace is not None
+    release = f"e2e-{kubectl.namespace}"[:53]
+    rendered = subprocess.run(
+        [
+            str(helm_binary()), "template", release, str(CHART),
+            "--namespace", kubectl.namespace,
+            "--show-only", "templates/worker-rbac.yaml",
+            "--set", f"fullnameOverride={release}",
+            "--set", "workerRbac.enabled=true",
+            "--set", f"workerRbac.namespaces={{{kubectl.namespace}}}",
+        ],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout  # fmt: skip
+    kubectl.apply(rendered)
+    return release
+
+
+def delete_worker_rbac(kubectl: Kubectl, release: str) -> None:
+    """Namespaced objects go with the namespace; the TokenReview binding is cluster-wide."""
+    kubectl.run(
+        "delete",
+        "clusterrole,clusterrolebinding",
+        "-l",
+        f"app.kubernetes.io/instance={release}",
+        "--ignore-not-found",
+        check=False,
+    )
 
 
 @dataclass
@@ -368,23 +401,8 @@ class ExistingProvider(Provider):
         return self._token
 
     def _worker_rbac(self) -> None:
-        """The chart's worker RBAC for this test's namespace, rendered from the chart itself."""
-        if self._rbac_release is not None:
-            return
-        release = f"e2e-{self.namespace}"[:53]
-        rendered = subprocess.run(
-            [
-                str(_helm_binary()), "template", release, str(CHART),
-                "--namespace", self.namespace,
-                "--show-only", "templates/worker-rbac.yaml",
-                "--set", f"fullnameOverride={release}",
-                "--set", "workerRbac.enabled=true",
-                "--set", f"workerRbac.namespaces={{{self.namespace}}}",
-            ],
-            capture_output=True, text=True, check=True, timeout=60,
-        ).stdout  # fmt: skip
-        self.kubectl.apply(rendered)
-        self._rbac_release = release
+        if self._rbac_release is None:
+            self._rbac_release = apply_worker_rbac(self.kubectl)
 
     def _start_fleet(
         self, replicas: int, name: str, initial_version: str, extra_args: list[str]
@@ -453,15 +471,7 @@ class ExistingProvider(Provider):
         for fleet in self.fleets:
             fleet.close()
         if self._rbac_release is not None:
-            # Namespaced objects go with the namespace; the TokenReview binding is cluster-wide.
-            self.kubectl.run(
-                "delete",
-                "clusterrole,clusterrolebinding",
-                "-l",
-                f"app.kubernetes.io/instance={self._rbac_release}",
-                "--ignore-not-found",
-                check=False,
-            )
+            delete_worker_rbac(self.kubectl, self._rbac_release)
 
 
 # --------------------------------------------------------------------------- fixtures
