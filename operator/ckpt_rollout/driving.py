@@ -56,6 +56,13 @@ class Tuning:
     pull_every_s: float = 3.0
     busy_retry_s: float = 1.0
     call_batch: int = 512
+    # Waves larger than this are pulled: their agents are asked not to write status.workers
+    # (N agents merge-patching one CR serialize in the apiserver, with conflict retries: at a
+    # few hundred concurrent reporters patches time out), and the operator pulls /v1/status
+    # from pull_first_s after the call, then at a quarter of the time waited (at most
+    # pull_every_s), writing each step's outcomes in one patch.
+    push_max_wave: int = 8
+    pull_first_s: float = 0.25
 
 
 @dataclass
@@ -98,6 +105,7 @@ class StepBase:
         self.emit = emit
         self.now = utcnow()
         self.key = (self.meta["namespace"], self.meta["name"])
+        self.pulling = False  # this step drives a wave too big for agent pushes
 
     # -- status writes -----------------------------------------------------------------------
 
@@ -154,7 +162,7 @@ class StepBase:
 
     # -- driving pods to a version -----------------------------------------------------------
 
-    def request(self, version: str, wave: int) -> dict[str, Any]:
+    def request(self, version: str, wave: int, *, report: bool = True) -> dict[str, Any]:
         source: dict[str, Any] = {"uri": self.spec.source.uri}
         if self.spec.source.manifest_digest and version == self.spec.version:
             source["manifestDigest"] = self.spec.source.manifest_digest
@@ -167,6 +175,7 @@ class StepBase:
                 "name": self.meta["name"],
                 "uid": self.meta.get("uid", ""),
                 "wave": wave,
+                "report": report,
             },
         }
 
@@ -182,6 +191,41 @@ class StepBase:
     ) -> dict[str, Outcome] | None:
         """One step toward ``members`` serving ``version``. Returns every member's outcome once
         all are decided, else None (work continues on the next step)."""
+        self.pulling = len(members) > self.tuning.push_max_wave
+        outcomes = self.outcomes(members, called, version)
+        uncalled = [p for p, o in outcomes.items() if o is Outcome.UNCALLED]
+        if uncalled and may_call:
+            # A pulled wave is called in full in this step, batch after batch; a pushed one
+            # (small) is one batch.
+            batches = range(0, len(uncalled), self.tuning.call_batch) if self.pulling else [0]
+            for first in batches:
+                batch = uncalled[first : first + self.tuning.call_batch]
+                # Intent first: a crash after this write and before the calls is repaired by
+                # the pull fallback (the agent says it never saw the call), never by a blind
+                # re-call.
+                called = [*called, *batch]
+                await persist_called(called)
+                await self.call(batch, version, wave)
+            if not self.pulling:
+                return None
+            # Fast loads are done by now: pull them in this step rather than the next.
+            await asyncio.sleep(self.tuning.pull_first_s)
+            outcomes = self.outcomes(members, called, version)
+            uncalled = [p for p, o in outcomes.items() if o is Outcome.UNCALLED]
+        waiting = [p for p, o in outcomes.items() if o is Outcome.WAITING]
+        if waiting:
+            await self.check_waiting(waiting, version, wave)
+            if not self.pulling:
+                return None
+            outcomes = self.outcomes(members, called, version)
+            if any(o is Outcome.WAITING for o in outcomes.values()):
+                return None
+        if uncalled:
+            return None
+        return outcomes
+
+    def outcomes(self, members: list[str], called: list[str], version: str) -> dict[str, Outcome]:
+        """Each member's outcome as the status says now (pushed or pulled entries)."""
         workers: dict[str, Any] = self.status.get("workers") or {}
         called_set = set(called)
         outcomes = {
@@ -191,20 +235,6 @@ class StepBase:
             for p in members
         }
         self.announce_failures(outcomes, workers)
-        uncalled = [p for p, o in outcomes.items() if o is Outcome.UNCALLED]
-        if uncalled and may_call:
-            batch = uncalled[: self.tuning.call_batch]
-            # Intent first: a crash after this write and before the calls is repaired by the
-            # pull fallback (the agent says it never saw the call), never by a blind re-call.
-            await persist_called([*called, *batch])
-            await self.call(batch, version, wave)
-            return None
-        waiting = [p for p, o in outcomes.items() if o is Outcome.WAITING]
-        if waiting:
-            await self.check_waiting(waiting, version, wave)
-            return None
-        if uncalled:
-            return None
         return outcomes
 
     def relay_peers(self, version: str) -> list[str]:
@@ -222,7 +252,7 @@ class StepBase:
         return sorted(p for p in done if p in self.pods and (workers.get(p) or {}).get("phase") != "Failed")
 
     async def call(self, pods: list[str], version: str, wave: int) -> None:
-        body = self.request(version, wave)
+        body = self.request(version, wave, report=not self.pulling)
         peers = self.relay_peers(version)
         sem = asyncio.Semaphore(self.spec.strategy.max_concurrency)
         failures: dict[str, Any] = {}
@@ -298,7 +328,12 @@ class StepBase:
             if last is None:
                 # First look since the call (or since a restart): pull once the agent had time
                 # to push, or at once when we can't know when we called.
-                due = now - called_at >= self.tuning.pull_after_s or called_at == now
+                first = self.tuning.pull_first_s if self.pulling else self.tuning.pull_after_s
+                due = now - called_at >= first or called_at == now
+            elif self.pulling:
+                # Quick loads are seen quickly; long ones are not polled more than they need.
+                every = min(self.tuning.pull_every_s, max(self.tuning.pull_first_s, (now - called_at) / 4))
+                due = now - last >= every
             else:
                 due = now - last >= self.tuning.pull_every_s
             if due:

@@ -92,6 +92,8 @@ class KubeReporter:
         from kubernetes_asyncio import client
 
         self.last_entry = {"rollout": f"{rollout.namespace}/{rollout.name}", **entry.to_json()}
+        if not rollout.report:
+            return  # the operator pulls this outcome from /v1/status
         body = worker_status_patch(self._pod, entry)
         api = client.CustomObjectsApi(self._api)
         self._submit(

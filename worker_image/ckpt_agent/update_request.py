@@ -32,6 +32,10 @@ class RolloutRef:
     name: str
     uid: str
     wave: int
+    # False: do not write status.workers.<pod>; the operator pulls /v1/status instead (big
+    # waves: N agents patching one CR serialize in the apiserver). The pod's WeightsReady
+    # condition is written either way.
+    report: bool = True
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,12 @@ def parse_rollout(value: object) -> RolloutRef | None:
         raise RequestError(
             f"rollout.wave must be a non-negative integer, got {_type_name(wave)}", field="rollout.wave"
         )
-    return RolloutRef(namespace, name, uid, wave)
+    report = obj.get("report", True)
+    if not isinstance(report, bool):
+        raise RequestError(
+            f"rollout.report must be a boolean, got {_type_name(report)}", field="rollout.report"
+        )
+    return RolloutRef(namespace, name, uid, wave, report)
 
 
 def parse_source(value: object) -> SourceSpec | None:
