@@ -35,7 +35,7 @@ from ckpt_agent.reader import (
     read_runs,
 )
 from ckpt_agent.relay.copy import ReadTensor, RelayCopy
-from ckpt_agent.relay.load import open_load_transport, registered
+from ckpt_agent.relay.load import open_load_transport, pull_into, registered
 from ckpt_agent.staging import StagingArea
 from ckpt_agent.transport import Transport, open_transport
 
@@ -118,23 +118,17 @@ class InProcessLoader:
         staging = StagingArea(manifest)
         relay: RelayCopy | None = None
         try:
-            # Several streams only pay off when there is more than one chunk per stream.
-            max_run = max(manifest.total_bytes // max(self._parallelism, 1), self._chunk)
 
             def pull() -> None:
-                with registered(transport, job.version, staging.regions()):
-                    read_runs(
-                        transport,
-                        job.version,
-                        plan_runs(manifest, max_run_bytes=max_run),
-                        buffer_for=staging.buffer,
-                        on_tensor=lambda _e, _b: None,
-                        verify=job.must_verify,
-                        progress=progress,
-                        cancelled=job.cancel.is_set,
-                        chunk_bytes=self._chunk,
-                        parallelism=self._parallelism,
-                    )
+                pull_into(
+                    transport,
+                    job,
+                    manifest,
+                    staging,
+                    progress,
+                    chunk_bytes=self._chunk,
+                    parallelism=self._parallelism,
+                )
 
             await asyncio.to_thread(pull)
             async with gate.hold(LOAD):

@@ -17,9 +17,9 @@ from ckpt_agent.engines.base import LoadJob, LoadOutcome
 from ckpt_agent.errors import LoadError, Reason
 from ckpt_agent.manifest import DEFAULT_MAX_MANIFEST_BYTES, Manifest
 from ckpt_agent.pause_gate import LOAD, PauseGate
-from ckpt_agent.reader import DEFAULT_CHUNK_BYTES, LoadProgress, fetch_manifest_raw, plan_runs, read_runs
+from ckpt_agent.reader import DEFAULT_CHUNK_BYTES, LoadProgress, fetch_manifest_raw
 from ckpt_agent.relay.copy import RelayCopy
-from ckpt_agent.relay.load import open_load_transport, registered
+from ckpt_agent.relay.load import open_load_transport, pull_into
 from ckpt_agent.staging_dir import StagedDirectory
 from ckpt_agent.transport import Transport
 
@@ -150,20 +150,15 @@ class DiskStagedEngine:
     ) -> StagedDirectory:
         staged = StagedDirectory(self.staging_root, manifest)
         try:
-            max_run = max(manifest.total_bytes // max(self._parallelism, 1), self._chunk)
-            with registered(transport, job.version, staged.regions()):
-                read_runs(
-                    transport,
-                    job.version,
-                    plan_runs(manifest, max_run_bytes=max_run),
-                    buffer_for=staged.buffer,
-                    on_tensor=lambda _e, _b: None,
-                    verify=job.must_verify,
-                    progress=progress,
-                    cancelled=job.cancel.is_set,
-                    chunk_bytes=self._chunk,
-                    parallelism=self._parallelism,
-                )
+            pull_into(
+                transport,
+                job,
+                manifest,
+                staged,
+                progress,
+                chunk_bytes=self._chunk,
+                parallelism=self._parallelism,
+            )
             staged.finish()
             return staged
         except BaseException:

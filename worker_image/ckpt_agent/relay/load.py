@@ -5,11 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Protocol
 
 from ckpt_agent.errors import LoadError, Reason
 from ckpt_agent.mooncake.runtime import MooncakeUnavailable
+from ckpt_agent.reader import LoadProgress, plan_runs, read_runs
 from ckpt_agent.relay.peer import PeerError, PeerTransport, open_peer_transport
 from ckpt_agent.transport import RegistersBuffers, Transport, open_transport
+
+if TYPE_CHECKING:
+    from ckpt_agent.engines.base import LoadJob
+    from ckpt_agent.manifest import Manifest, TensorEntry
 
 
 def open_load_transport(source_uri: str, peer: str | None, bearer: str | None) -> Transport:
@@ -36,3 +42,39 @@ def registered(transport: Transport, version: str, regions: Sequence[memoryview]
     finally:
         for fn in reversed(undo):
             fn()
+
+
+class PullTarget(Protocol):
+    """Where a staged load lands: host staging (paddle) or a staging directory (disk engines)."""
+
+    def regions(self) -> Sequence[memoryview]: ...
+
+    def buffer(self, entry: TensorEntry) -> memoryview: ...
+
+
+def pull_into(
+    transport: Transport,
+    job: LoadJob,
+    manifest: Manifest,
+    target: PullTarget,
+    progress: LoadProgress,
+    *,
+    chunk_bytes: int,
+    parallelism: int,
+) -> None:
+    """Every tensor of `manifest` into `target`'s buffers, verified when the job asks for it."""
+    # Several streams only pay off when there is more than one chunk per stream.
+    max_run = max(manifest.total_bytes // max(parallelism, 1), chunk_bytes)
+    with registered(transport, job.version, target.regions()):
+        read_runs(
+            transport,
+            job.version,
+            plan_runs(manifest, max_run_bytes=max_run),
+            buffer_for=target.buffer,
+            on_tensor=lambda _e, _b: None,
+            verify=job.must_verify,
+            progress=progress,
+            cancelled=job.cancel.is_set,
+            chunk_bytes=chunk_bytes,
+            parallelism=parallelism,
+        )
