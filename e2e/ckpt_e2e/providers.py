@@ -14,6 +14,7 @@ serves) it reads the same way on both.
 | kill the operator | SIGKILL the process, start another | `kubectl delete pod --force` |
 | crash a worker | SIGKILL its agent mid-load, delete its pod | `kubectl delete pod --force` |
 | restart kube-apiserver | stop and start the process | skipped (not our control plane) |
+| freeze the source | SIGSTOP/SIGCONT `serve` | the same, through `kubectl exec` |
 
 In both, a crashed worker's pod is replaced by its Deployment: the replacement boots on the
 fleet's initial version and the rollout brings it to the target.
@@ -28,7 +29,7 @@ import signal
 import subprocess
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -46,6 +47,7 @@ from .rollout_env import (
     AGENT_PORT,
     CLI,
     WORKER_LABEL,
+    CheckpointSource,
     OperatorProcess,
     Rollouts,
     Worker,
@@ -147,6 +149,11 @@ class Provider(ABC):
         """kube-apiserver is down for the block and back (same data) after it."""
 
     @abstractmethod
+    def source_stalled(self) -> AbstractContextManager[None]:
+        """For the block the checkpoint source takes connections and answers nothing (frozen):
+        loads that need it stay in progress, a moment a scenario can act in."""
+
+    @abstractmethod
     def operator_log(self) -> str:
         """What the running operator logged so far."""
 
@@ -162,6 +169,7 @@ class Provider(ABC):
 class LocalProvider(Provider):
     kind: ClassVar[str] = "local"
     handle: ClusterHandle
+    source: CheckpointSource
     operator: OperatorProcess
     make_fleet: Callable[..., Fleet]
 
@@ -192,6 +200,16 @@ class LocalProvider(Provider):
         assert self.handle.local is not None
         return self.handle.local.apiserver_down()
 
+    @contextmanager
+    def source_stalled(self) -> Iterator[None]:
+        assert self.source.proc is not None
+        # Stopped, its listening socket still completes handshakes: clients wait, not fail.
+        os.killpg(self.source.proc.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.killpg(self.source.proc.pid, signal.SIGCONT)
+
     def operator_log(self) -> str:
         return self.operator.log_path.read_text(errors="replace")
 
@@ -207,6 +225,8 @@ class ExistingSettings:
     """What e2e/kind/run.sh installed; override with the environment for another cluster."""
 
     source_uri: str = "http://ckpt-src.ckpt-e2e.svc:8080"
+    source_namespace: str = "ckpt-e2e"
+    source_deployment: str = "ckpt-src"
     worker_image: str = "ckpt-rollout-worker:e2e"
     operator_namespace: str = "ckpt-rollout-system"
     operator_release: str = "ckpt-rollout"
@@ -218,6 +238,8 @@ class ExistingSettings:
         d = cls()
         return cls(
             source_uri=env("CKPT_E2E_SOURCE_URL", d.source_uri),
+            source_namespace=env("CKPT_E2E_SOURCE_NAMESPACE", d.source_namespace),
+            source_deployment=env("CKPT_E2E_SOURCE_DEPLOYMENT", d.source_deployment),
             worker_image=env("CKPT_E2E_WORKER_IMAGE", d.worker_image),
             operator_namespace=env("CKPT_E2E_OPERATOR_NAMESPACE", d.operator_namespace),
             operator_release=env("CKPT_E2E_OPERATOR_RELEASE", d.operator_release),
@@ -461,6 +483,30 @@ class ExistingProvider(Provider):
             "logs", "-l", self.settings.operator_selector, "--tail=-1", "--all-containers"
         ).stdout
 
+    # The serve process of e2e/kind/manifests/source.yaml, found by its argv; the pod shares its
+    # process namespace, so the server is not PID 1 (which ignores signals from inside).
+    _SIGNAL_SERVE = (
+        "import os, sys\n"
+        "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+        "    argv = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')\n"
+        "    if argv[:4] == [b'python', b'-m', b'ckpt_agent', b'serve']:\n"
+        "        os.kill(int(pid), int(sys.argv[1]))\n"
+    )
+
+    def _signal_source(self, sig: signal.Signals) -> None:
+        self.kubectl.in_namespace(self.settings.source_namespace).run(
+            "exec", f"deployment/{self.settings.source_deployment}", "-c", "serve", "--",
+            "python", "-c", self._SIGNAL_SERVE, str(int(sig)),
+        )  # fmt: skip
+
+    @contextmanager
+    def source_stalled(self) -> Iterator[None]:
+        self._signal_source(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            self._signal_source(signal.SIGCONT)
+
     def apiserver_down(self) -> AbstractContextManager[None]:
         pytest.skip(
             "restarting kube-apiserver needs control of the control plane's processes: "
@@ -506,6 +552,7 @@ def provider(
             source_uri=source.url,
             versions=source.root,
             handle=cluster,
+            source=source,
             operator=request.getfixturevalue("operator"),
             make_fleet=request.getfixturevalue("fleet_factory"),
         )

@@ -184,17 +184,26 @@ def test_truncated_shard_without_verify_keeps_old_weights(provider: Provider) ->
 def test_agent_killed_mid_load(provider: Provider) -> None:
     """A worker crashes while it loads; its Deployment replaces the pod. The rollout counts the
     old pod as gone (not failed), brings the replacement (booted on b1) to b2 in a drift
-    wave, and succeeds with every worker on b2."""
+    wave, and succeeds with every worker on b2.
+
+    Loads take a fraction of a second, so the scenario makes its moment: wave 2 starts while
+    the checkpoint source is frozen (peer relay off: the source is the only place to read
+    from), which holds its loads in progress until the crash is done."""
     fleet = provider.fleet(3, initial_version="b1", big=True)
     workers = {w.name: w for w in fleet.workers(3)}
-    provider.rollouts.create(NAME, provider.spec("b2", fleet, strategy={"waves": [1, "100%"]}))
-    called = _wave_called(provider, 1)["waves"][1]["called"]
-
-    def loading() -> str | None:
-        return next((p for p in called if agent_state(workers[p], fleet.token) == "loading"), None)
-
-    victim = wait_for(loading, 60, "a wave-2 worker loading b2", interval=0.02)
-    provider.crash_worker(fleet, victim)
+    strategy = {"waves": [1, "100%"], "pauseAfterWave": [0], "peerRelay": False}
+    provider.rollouts.create(NAME, provider.spec("b2", fleet, strategy=strategy))
+    provider.rollouts.wait_phase(NAME, {"Paused"})
+    with provider.source_stalled():
+        provider.cli("promote", NAME)
+        victim, other = _wave_called(provider, 1)["waves"][1]["called"]
+        wait_for(
+            lambda: {agent_state(workers[p], fleet.token) for p in (victim, other)} == {"loading"},
+            60,
+            "both wave-2 workers loading b2",
+            interval=0.1,
+        )
+        provider.crash_worker(fleet, victim)
 
     status = provider.rollouts.wait_phase(NAME, ENDED, timeout=240)
     assert status["phase"] == "Succeeded", _why(status)
