@@ -65,6 +65,23 @@ def _wave_called(provider: Provider, index: int) -> dict[str, Any]:
     return wait_for(called, 120, f"wave {index} calls", interval=0.05)
 
 
+def _loading(provider: Provider, fleet: WorkerFleet, workers: dict[str, Worker], index: int) -> list[str]:
+    """Wave ``index``'s pods once all are called and loading. Loads of even the big versions
+    take a fraction of a second; scenarios that act mid-load start the wave inside
+    ``provider.source_stalled()`` (peer relay off: the source is the only place to read from),
+    which holds every load in progress until the block ends."""
+    called: list[str] = _wave_called(provider, index)["waves"][index]["called"]
+
+    def all_loading() -> bool:
+        return all(agent_state(workers[p], fleet.token) == "loading" for p in called)
+
+    wait_for(all_loading, 60, f"wave {index + 1} loads in progress", interval=0.1)
+    return called
+
+
+HELD = {"pauseAfterWave": [0], "peerRelay": False}  # + promote inside source_stalled(): wave 2 held
+
+
 def test_happy_path(provider: Provider, kubectl: Kubectl) -> None:
     fleet = provider.fleet(5)
     workers = fleet.workers(5)
@@ -184,25 +201,14 @@ def test_truncated_shard_without_verify_keeps_old_weights(provider: Provider) ->
 def test_agent_killed_mid_load(provider: Provider) -> None:
     """A worker crashes while it loads; its Deployment replaces the pod. The rollout counts the
     old pod as gone (not failed), brings the replacement (booted on b1) to b2 in a drift
-    wave, and succeeds with every worker on b2.
-
-    Loads take a fraction of a second, so the scenario makes its moment: wave 2 starts while
-    the checkpoint source is frozen (peer relay off: the source is the only place to read
-    from), which holds its loads in progress until the crash is done."""
+    wave, and succeeds with every worker on b2."""
     fleet = provider.fleet(3, initial_version="b1", big=True)
     workers = {w.name: w for w in fleet.workers(3)}
-    strategy = {"waves": [1, "100%"], "pauseAfterWave": [0], "peerRelay": False}
-    provider.rollouts.create(NAME, provider.spec("b2", fleet, strategy=strategy))
+    provider.rollouts.create(NAME, provider.spec("b2", fleet, strategy={"waves": [1, "100%"], **HELD}))
     provider.rollouts.wait_phase(NAME, {"Paused"})
     with provider.source_stalled():
         provider.cli("promote", NAME)
-        victim, other = _wave_called(provider, 1)["waves"][1]["called"]
-        wait_for(
-            lambda: {agent_state(workers[p], fleet.token) for p in (victim, other)} == {"loading"},
-            60,
-            "both wave-2 workers loading b2",
-            interval=0.1,
-        )
+        victim, _ = _loading(provider, fleet, workers, 1)
         provider.crash_worker(fleet, victim)
 
     status = provider.rollouts.wait_phase(NAME, ENDED, timeout=240)
@@ -227,25 +233,34 @@ def test_agent_killed_mid_load(provider: Provider) -> None:
 
 
 def test_operator_killed_mid_wave(provider: Provider) -> None:
+    """The operator dies while wave 2 loads; the loads end with no operator watching. A new
+    operator resumes from the CR status alone: it calls nobody twice and finishes the rollout."""
     fleet = provider.fleet(5, initial_version="b1", big=True)
-    workers = fleet.workers(5)
+    workers = {w.name: w for w in fleet.workers(5)}
     provider.rollouts.create(
-        NAME, provider.spec("b2", fleet, verifyChecksum=True, strategy={"waves": [1, "60%", "100%"]})
+        NAME, provider.spec("b2", fleet, verifyChecksum=True, strategy={"waves": [1, "60%", "100%"], **HELD})
     )
-    _wave_called(provider, 1)
-    provider.kill_operator()
-    frozen = provider.rollouts.status(NAME)
+    provider.rollouts.wait_phase(NAME, {"Paused"})
+    with provider.source_stalled():
+        provider.cli("promote", NAME)
+        held = _loading(provider, fleet, workers, 1)
+        provider.kill_operator()
+        frozen = provider.rollouts.status(NAME)
     assert frozen["phase"] == "Progressing"
     assert frozen["waves"][1]["phase"] == "Running", "killed in the middle of wave 2"
+    wait_for(
+        lambda: all(agent_state(workers[p], fleet.token) == "idle" for p in held), 60, "wave 2 loads to end"
+    )
 
     provider.start_operator()
     status = provider.rollouts.wait_phase(NAME, ENDED, timeout=240)
     assert status["phase"] == "Succeeded", _why(status)
     assert [w["phase"] for w in status["waves"]] == ["Completed"] * 3
+    assert [w["updated"] for w in status["waves"]] == [1, 2, 2]
     assert status["updatedReplicas"] == 5
     # The new operator resumed from the status: nobody was called twice.
-    assert set(_calls(fleet, workers).values()) == {1}
-    assert set(_serving(provider, fleet, workers, BIG).values()) == {"b2"}
+    assert set(_calls(fleet, list(workers.values())).values()) == {1}
+    assert set(_serving(provider, fleet, list(workers.values()), BIG).values()) == {"b2"}
     reasons = _reasons(provider)
     assert reasons.count("RolloutStarted") == 1
     assert reasons.count("WaveStarted") == 3
@@ -284,11 +299,17 @@ def test_kube_apiserver_restarted_mid_rollout(provider: Provider) -> None:
 
 
 def test_version_bumped_mid_rollout(provider: Provider) -> None:
+    """spec.version moves to b3 while the canary loads b2: the b2 rollout is superseded, the
+    canary catches up to b3 first (after its b2 load ends), then b3's waves run."""
     fleet = provider.fleet(3, initial_version="b1", big=True)
-    workers = fleet.workers(3)
-    provider.rollouts.create(NAME, provider.spec("b2", fleet, strategy={"waves": [1, "100%"]}))
-    canary = _wave_called(provider, 0)["waves"][0]["called"][0]
-    provider.rollouts.patch_spec(NAME, {"version": "b3"})
+    workers = {w.name: w for w in fleet.workers(3)}
+    with provider.source_stalled():
+        provider.rollouts.create(
+            NAME, provider.spec("b2", fleet, strategy={"waves": [1, "100%"], "peerRelay": False})
+        )
+        (canary,) = _loading(provider, fleet, workers, 0)
+        provider.rollouts.patch_spec(NAME, {"version": "b3"})
+        wait_for(lambda: provider.rollouts.status(NAME).get("targetVersion") == "b3", 30, "the b3 rollout")
 
     status = provider.rollouts.wait_phase(NAME, ENDED, timeout=180, version="b3")
     assert status["phase"] == "Succeeded", _why(status)
@@ -301,9 +322,10 @@ def test_version_bumped_mid_rollout(provider: Provider) -> None:
     assert status["waves"][0]["kind"] == "CatchUp"
     assert status["waves"][0]["pods"] == [canary]
     assert [w["kind"] for w in status["waves"][1:]] == ["Spec", "Spec"]
-    assert set(_serving(provider, fleet, workers, BIG).values()) == {"b3"}
-    # b2 on the canary (finished before b3 could start), b3 everywhere: no other load.
-    assert _calls(fleet, workers) == {w.name: (2 if w.name == canary else 1) for w in workers}
+    now = list(workers.values())
+    assert set(_serving(provider, fleet, now, BIG).values()) == {"b3"}
+    # b2 then b3 on the canary (b3 waited for the b2 load to end), b3 alone everywhere else.
+    assert _calls(fleet, now) == {w.name: (2 if w.name == canary else 1) for w in now}
     reasons = _reasons(provider)
     assert reasons.count("RolloutStarted") == 2
     assert "Superseded" in reasons
@@ -311,28 +333,30 @@ def test_version_bumped_mid_rollout(provider: Provider) -> None:
 
 
 def test_scale_up_during_a_rollout(provider: Provider) -> None:
+    """Two pods join while the last wave loads: the wave keeps its members, the newcomers (booted
+    on b1) get a drift wave, and all five end on b2."""
     fleet = provider.fleet(3, initial_version="b1", big=True)
-    first = {w.name for w in fleet.workers(3)}
-    provider.rollouts.create(NAME, provider.spec("b2", fleet, strategy={"waves": [1, "100%"]}))
-    _wave_called(provider, 1)
-    fleet.scale(5)
+    first = {w.name: w for w in fleet.workers(3)}
+    provider.rollouts.create(NAME, provider.spec("b2", fleet, strategy={"waves": [1, "100%"], **HELD}))
+    provider.rollouts.wait_phase(NAME, {"Paused"})
+    with provider.source_stalled():
+        provider.cli("promote", NAME)
+        _loading(provider, fleet, first, 1)
+        fleet.scale(5)
+        workers = fleet.workers(5)  # their agents answer; their boot loads wait for the source too
 
     status = provider.rollouts.wait_phase(NAME, ENDED, timeout=240)
     assert status["phase"] == "Succeeded", _why(status)
-    workers = fleet.workers(5)
     joined = sorted(w.name for w in workers if w.name not in first)
     assert len(joined) == 2
-    # The spec waves keep their members; pods that joined meanwhile get drift waves.
-    assert [w["kind"] for w in status["waves"][:2]] == ["Spec", "Spec"]
-    drift = status["waves"][2:]
-    assert drift
-    assert {w["kind"] for w in drift} == {"Drift"}
-    assert sorted(p for w in drift for p in w["pods"]) == joined
+    assert [w["kind"] for w in status["waves"]] == ["Spec", "Spec", "Drift"]
+    assert status["waves"][1]["updated"] == 2
+    assert sorted(status["waves"][2]["pods"]) == joined
     assert (status["updatedReplicas"], status["replicas"]) == (5, 5)
     assert set(_serving(provider, fleet, workers, BIG).values()) == {"b2"}
     assert set(_calls(fleet, workers).values()) == {1}
     reasons = _reasons(provider)
-    assert reasons.count("WaveStarted") == 2 + len(drift)
+    assert reasons.count("WaveStarted") == 3
     assert "RolloutCompleted" in reasons
     assert "WorkerFailed" not in reasons
 
