@@ -157,7 +157,7 @@ async def test_peer_without_the_version_falls_back(
     assert "HTTP 404" in status["last_load"]["fallback_reason"]
 
 
-async def test_relay_endpoints_need_the_token_and_serve_only_the_verified_live_version(
+async def test_relay_endpoints_need_the_token_and_serve_only_the_live_version(
     tree: Tree, agent_factory: AgentFactory, token_file: Path
 ) -> None:
     peer = await _peer_with(tree, agent_factory, token_file, "v2")
@@ -181,12 +181,15 @@ async def test_relay_endpoints_need_the_token_and_serve_only_the_verified_live_v
     async with peer.session.get(f"{peer.url}/v1/mooncake/v2", headers=headers) as resp:
         assert resp.status == 404  # started without --relay-mooncake
 
-    # An unverified load is not relayed, and a new load withdraws the old copy.
+    # A new load withdraws the old copy; an unverified load is relayed too (readers verify).
     assert (await peer.update("v3", verify_checksum=False))[0] == 202
     status = await peer.wait_settled()
-    assert (status["version"], status["relay"]) == ("v3", None)
+    assert status["version"] == "v3"
+    assert status["relay"]["version"] == "v3"
     async with peer.session.get(f"{peer.url}/v1/relay/v2/{shard}", headers=headers) as resp:
         assert resp.status == 404
+    async with peer.session.get(f"{peer.url}/v1/relay/v3/manifest.json", headers=headers) as resp:
+        assert await resp.read() == (tree.root / "v3" / "manifest.json").read_bytes()
 
 
 async def test_peer_field_is_validated(tree: Tree, agent_factory: AgentFactory, token_file: Path) -> None:

@@ -6,8 +6,10 @@ streamed: pause, then verify and apply tensor by tensor through one reusable buf
           one chunk + the largest tensor). A failure restores the previous version from its
           source before resuming; if that fails too the engine refuses traffic (weights lost).
 
-A verified load leaves a relay copy behind (see `ckpt_agent.relay.copy`): the staging arena in
-staged mode (kept until the next load starts), the live parameters in streamed mode.
+Every load leaves a relay copy behind (see `ckpt_agent.relay.copy`): the staging arena in
+staged mode (kept until the next load starts), the live parameters in streamed mode. Unverified
+loads relay too: a receiver checks peer bytes against the source's manifest whatever its own
+request said, so relay works with the default verifyChecksum false and a peer cannot inject.
 """
 
 from __future__ import annotations
@@ -136,7 +138,7 @@ class InProcessLoader:
                     await asyncio.to_thread(self._apply_all, manifest, staging.buffer)
                 except Exception as exc:
                     await self._restore(job, _as_load_error(exc))
-            if self._relay and job.must_verify:
+            if self._relay:
                 relay = RelayCopy.from_store(raw, manifest, staging)
             return relay
         finally:
@@ -149,7 +151,7 @@ class InProcessLoader:
                 apply(entry, buffer_for(entry))
 
     def _live_copy(self, raw: bytes, manifest: Manifest, job: LoadJob) -> RelayCopy | None:
-        if not (self._relay and job.must_verify and isinstance(self._target, ReadsLiveWeights)):
+        if not (self._relay and isinstance(self._target, ReadsLiveWeights)):
             return None
         return RelayCopy(raw, manifest, self._target.live_reader(), source="live-parameters")
 

@@ -70,7 +70,7 @@ class AgentService:
         self.updates: Counter[str] = Counter()
         self._task: asyncio.Task[None] | None = None
         self._job: LoadJob | None = None
-        # The verified copy of the live version that peers may pull (see ckpt_agent.relay).
+        # The copy of the live version that peers may pull (see ckpt_agent.relay).
         self.relay: RelayCopy | None = None
         self._fallback: str | None = None  # why the current load left its peer for the source
         self._peer_bytes = 0
@@ -227,11 +227,9 @@ class AgentService:
                 job.version, "Updated", Reason.LOADED, outcome.bytes, seconds, outcome.checksum_verified
             )
             self._record_peer(job, outcome)
-            if outcome.relay is not None:
-                if outcome.checksum_verified:
-                    self.relay = outcome.relay
-                else:
-                    outcome.relay.release()
+            # Relayed even when this load skipped verification: receivers always verify peer
+            # bytes against the source's manifest.
+            self.relay = outcome.relay
             message = f"{job.version} is live ({outcome.bytes} bytes in {seconds:.2f}s)"
             log.info("%s", message)
             if rollout is not None:

@@ -140,7 +140,9 @@ class DiskStagedEngine:
         previous, self._live = self._live, staged
         if previous is not None:
             previous.release()
-        relay = RelayCopy.from_store(raw, manifest, staged) if self._relay and job.must_verify else None
+        # The engine owns the live staging directory (released when the next load lands); the
+        # relay only reads it, so withdrawing the relay must not delete it.
+        relay = RelayCopy(raw, manifest, staged.buffer) if self._relay else None
         return LoadOutcome(
             manifest.total_bytes, job.must_verify, digest, relay, from_peer=job.peer is not None
         )

@@ -1,7 +1,7 @@
-"""The verified copy of a version an agent can relay, and how it is read back.
+"""The copy of the live version an agent can relay, and how it is read back.
 
 Which bytes a peer serves (decided per apply mode):
-- staged (default) and disk-staging engines: the staging copy the load verified, kept after
+- staged (default) and disk-staging engines: the staging copy of the load, kept after
   the apply until the next load starts (host RAM or the staging directory; served over http
   and mooncake);
 - streamed: re-read from the live parameters, tensor by tensor (http only: no staging copy to
