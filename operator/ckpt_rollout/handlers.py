@@ -1,5 +1,6 @@
 """kopf registrations. Each handler is a thin adapter over ckpt_rollout.rollout."""
 
+import asyncio
 import logging
 from typing import Any
 
@@ -13,7 +14,8 @@ from ckpt_rollout import metrics
 from ckpt_rollout.agent_client import AgentClient, TokenFile
 from ckpt_rollout.config import OperatorConfig
 from ckpt_rollout.kube import RolloutApi, load_api_client
-from ckpt_rollout.rollout import Memory, Peer, Pod, Reconciler
+from ckpt_rollout.podcache import PodCache
+from ckpt_rollout.rollout import Memory, Peer, Reconciler
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +41,13 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.api_client = api_client
     memo.agents = AgentClient(TokenFile(config.agent_token_file), timeout_s=config.agent_timeout_s)
     memo.reconciler = Reconciler(memo.api, memo.agents, config.tuning)
+    memo.pods = PodCache(api_client, config.namespaces, config.watch_server_timeout_s)
+    memo.pods_task = asyncio.create_task(memo.pods.run(), name="ckpt-pod-cache")
 
 
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
+    memo.pods_task.cancel()
     await memo.agents.close()
     await memo.api_client.close()
 
@@ -50,17 +55,6 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.probe(id="rollouts")
 def probe(memo: kopf.Memo, **_: Any) -> int:
     return int(memo.api.requests)
-
-
-@kopf.index("pods")
-def pods_by_namespace(
-    namespace: str | None, name: str, labels: kopf.Labels, status: kopf.Status, meta: kopf.Meta, **_: Any
-) -> dict[str, Pod] | None:
-    """Running pods with an IP, by namespace: the only pods a rollout may call."""
-    ip = status.get("podIP")
-    if namespace is None or status.get("phase") != "Running" or not ip or meta.get("deletionTimestamp"):
-        return None
-    return {namespace: Pod(name=name, ip=ip, labels=dict(labels))}
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
@@ -89,7 +83,7 @@ async def rollout_loop(
     **kwargs: Any,
 ) -> None:
     assert namespace is not None  # CheckpointRollouts are namespaced
-    pods_by_namespace: kopf.Index[str, Pod] = kwargs["pods_by_namespace"]
+    pod_cache: PodCache = memo.pods
     rollouts_index: kopf.Index[str, Peer] = kwargs["rollouts_by_namespace"]
     memory = Memory()
     reconciler: Reconciler = memo.reconciler
@@ -97,10 +91,11 @@ async def rollout_loop(
     def emit(type_: str, reason: str, message: str) -> None:
         kopf.event(body, type=type_, reason=reason, message=message)
 
+    await pod_cache.wait_synced()  # a rollout never acts on a partial view of its pods
     while not stopped:
         try:
             obj = await memo.api.get(namespace, name)
-            pods = list(pods_by_namespace.get(namespace, []))
+            pods = pod_cache.get(namespace)
             peers = list(rollouts_index.get(namespace, []))
             _, delay = await reconciler.step(obj, pods, memory, emit, peers)
         except ApiException as exc:
