@@ -213,23 +213,37 @@ class BenchEnv:
         self._sample_rss()
         return max(self._rss_peak_kb, self._proc_status_kb("VmHWM")) / 1024
 
-    def fanout_floor(self, concurrency: int) -> float:
-        """Seconds to GET /v1/status from every agent once at `concurrency`, from this process:
-        the least any orchestrator spends just talking to N agents on this machine."""
-        return asyncio.run(self._fanout(concurrency))
+    def ideal_wave(self, size: int, concurrency: int, version: str) -> float:
+        """Seconds for the bench itself to take `size` agents to `version` with nothing else:
+        call each at `concurrency` (no rollout reference, so no CR bookkeeping), then poll
+        /v1/status until all serve it. The floor any orchestrator's wave has on this machine,
+        measured in the same run; the agents' pod-condition patches happen as in a rollout."""
+        return asyncio.run(self._ideal_wave(size, concurrency, version))
 
-    async def _fanout(self, concurrency: int) -> float:
-        ips = [p.ip for p in self.fleet.pods()]
+    async def _ideal_wave(self, size: int, concurrency: int, version: str) -> float:
+        ips = sorted(p.ip for p in self.fleet.pods())[:size]
         sem = asyncio.Semaphore(concurrency)
         headers = {"Authorization": f"Bearer {self.token}"}
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256)) as session:
 
-            async def one(ip: str) -> None:
-                async with sem, session.get(f"http://{ip}:{AGENT_PORT}/v1/status", headers=headers) as r:
+            async def call(ip: str) -> None:
+                url = f"http://{ip}:{AGENT_PORT}/v1/update_weights"
+                async with sem, session.post(url, json={"version": version}, headers=headers) as r:
                     await r.read()
 
+            async def serves(ip: str) -> bool:
+                url = f"http://{ip}:{AGENT_PORT}/v1/status"
+                async with sem, session.get(url, headers=headers) as r:
+                    return bool((await r.json())["version"] == version)
+
             started = time.monotonic()
-            await asyncio.gather(*(one(ip) for ip in ips))
+            await asyncio.gather(*(call(ip) for ip in ips))
+            pending = ips
+            while pending:
+                done = await asyncio.gather(*(serves(ip) for ip in pending))
+                pending = [ip for ip, ok in zip(pending, done, strict=True) if not ok]
+                if pending:
+                    await asyncio.sleep(0.05)
             return time.monotonic() - started
 
 

@@ -59,10 +59,12 @@ class Tuning:
     # Waves larger than this are pulled: their agents are asked not to write status.workers
     # (N agents merge-patching one CR serialize in the apiserver, with conflict retries: at a
     # few hundred concurrent reporters patches time out), and the operator pulls /v1/status
-    # from pull_first_s after the call, then at a quarter of the time waited (at most
-    # pull_every_s), writing each step's outcomes in one patch.
+    # from pull_first_s after the call, then every half of the time waited (at most
+    # pull_every_s, at least what keeps the wave under pull_rate pulls a second), writing each
+    # step's outcomes in one patch.
     push_max_wave: int = 8
     pull_first_s: float = 0.25
+    pull_rate: float = 500.0
 
 
 @dataclass
@@ -331,8 +333,13 @@ class StepBase:
                 first = self.tuning.pull_first_s if self.pulling else self.tuning.pull_after_s
                 due = now - called_at >= first or called_at == now
             elif self.pulling:
-                # Quick loads are seen quickly; long ones are not polled more than they need.
-                every = min(self.tuning.pull_every_s, max(self.tuning.pull_first_s, (now - called_at) / 4))
+                # Quick loads are seen quickly; long ones (in big waves) are not polled more
+                # than the operator and the agents can take.
+                every = max(
+                    self.tuning.pull_first_s,
+                    min(self.tuning.pull_every_s, (now - called_at) / 2),
+                    len(waiting) / self.tuning.pull_rate,
+                )
                 due = now - last >= every
             else:
                 due = now - last >= self.tuning.pull_every_s
