@@ -40,12 +40,14 @@ class BenchEnv:
         *,
         hosts: int | None = None,
         load_seconds: float = 0.0,
+        agent_reports: bool = True,
         say: Callable[[str], None] = print,
     ) -> None:
         self.workdir = workdir
         self.workers = workers
         self._hosts = hosts
         self._load_seconds = load_seconds
+        self._agent_reports = agent_reports
         self._say = say
         self._stack = ExitStack()
         self.labels = {"app": "rollout-worker"}
@@ -97,6 +99,7 @@ class BenchEnv:
             labels=self.labels,
             hosts=self._hosts,
             load_seconds=self._load_seconds,
+            report=self._agent_reports,
         )
         self._stack.enter_context(self.fleet)
         self.timings.update(self.fleet.timings)

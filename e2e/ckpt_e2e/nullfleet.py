@@ -53,6 +53,7 @@ class NullFleet:
     labels: dict[str, str] = field(default_factory=lambda: {"app": "rollout-worker"})
     hosts: int | None = None  # default: ceil(replicas / AGENTS_PER_HOST)
     load_seconds: float = 0.0
+    report: bool = True  # False: agents write neither CR entries nor pod conditions
     timings: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -127,6 +128,7 @@ class NullFleet:
                 self.initial_version,
                 "--load-seconds",
                 str(self.load_seconds),
+                *([] if self.report else ["--no-report"]),
             ]
             self._hosts.append(_Host(spawn(argv, log, env=env), log, share))
         for host in self._hosts:

@@ -57,6 +57,13 @@ def add_command(bench_sub: SubParsers) -> None:
     p.add_argument("--waves", type=int, default=4, help="waves: evenly spaced percents ending at 100%%")
     p.add_argument("--hosts", type=int, help="agent host processes (default: one per 1000 agents)")
     p.add_argument("--load-ms", type=float, default=0.0, help="simulated load time per agent")
+    p.add_argument(
+        "--agent-reports",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="agents write their pod's WeightsReady condition (and CR entries for small waves), "
+        "as in a real fleet; --no-agent-reports isolates the operator from that API traffic",
+    )
     p.add_argument("--max-concurrency", type=int, default=64, help="the CR's strategy.maxConcurrency")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for Succeeded")
     p.add_argument("--workdir", type=Path, help="keep logs here (default: a temp dir, removed)")
@@ -121,7 +128,8 @@ def summary_lines(r: dict[str, Any]) -> list[str]:
     n = r["workers"]
     overhead, rss, ideal = r["overhead_per_wave_s"], r["operator_rss_mb"], max(r["ideal_wave_s"], 1e-9)
     return [
-        f"workers={n} waves={r['waves']} phase={r['phase']} total={r['total_s']:.2f}s",
+        f"workers={n} waves={r['waves']} agent_reports={'on' if r['agent_reports'] else 'off'} "
+        f"phase={r['phase']} total={r['total_s']:.2f}s",
         f"overhead per wave: {overhead:.3f}s = "
         f"{overhead / TARGET_OVERHEAD_PER_WAVE_S:.2f}x the {TARGET_OVERHEAD_PER_WAVE_S:g}s target",
         f"operator API requests: {r['api_requests']} ({r['api_requests'] / n:.3f} per worker; "
@@ -139,7 +147,14 @@ def run(args: argparse.Namespace, workdir: Path, log: Any) -> dict[str, Any]:
     def say(message: str) -> None:
         print(f"==> {message}", file=log, flush=True)
 
-    with BenchEnv(workdir, args.workers, hosts=args.hosts, load_seconds=args.load_ms / 1000, say=say) as env:
+    with BenchEnv(
+        workdir,
+        args.workers,
+        hosts=args.hosts,
+        load_seconds=args.load_ms / 1000,
+        agent_reports=args.agent_reports,
+        say=say,
+    ) as env:
         spec = {
             "version": TO_VERSION,
             "source": {"uri": "http://127.0.0.1:9/null-engine-pulls-nothing"},
@@ -171,6 +186,7 @@ def run(args: argparse.Namespace, workdir: Path, log: Any) -> dict[str, Any]:
     return {
         "workers": args.workers,
         "waves": args.waves,
+        "agent_reports": args.agent_reports,
         "phase": phase,
         "total_s": round(total_s, 3),
         "overhead_per_wave_s": round(overhead_per_wave(total_s, slowest, args.waves), 3),

@@ -216,7 +216,13 @@ class StepBase:
             uncalled = [p for p, o in outcomes.items() if o is Outcome.UNCALLED]
         waiting = [p for p, o in outcomes.items() if o is Outcome.WAITING]
         if waiting:
-            await self.check_waiting(waiting, version, wave)
+            updates = await self.check_waiting(waiting, version, wave)
+            if self.pulling and not uncalled and _all_updated(updates, waiting):
+                # The last outcomes, all successes: the wave completes in this step and folds
+                # them into its counter, so writing them first would be a patch for nothing.
+                return {**outcomes, **dict.fromkeys(updates, Outcome.UPDATED)}
+            if updates:
+                await self.write({"workers": updates})
             if not self.pulling:
                 return None
             outcomes = self.outcomes(members, called, version)
@@ -308,7 +314,9 @@ class StepBase:
             "wave": wave,
         }
 
-    async def check_waiting(self, waiting: list[str], version: str, wave: int) -> None:
+    async def check_waiting(self, waiting: list[str], version: str, wave: int) -> dict[str, Any]:
+        """Time out, re-call or pull the waiting workers; returns the status.workers entries
+        of those now decided (for the caller to write)."""
         now = time.monotonic()
         updates: dict[str, Any] = {}
         to_pull: list[str] = []
@@ -367,8 +375,7 @@ class StepBase:
                 recall.append(name)
         if recall:
             await self.call(recall, version, wave)
-        if updates:
-            await self.write({"workers": updates})
+        return updates
 
     def announce_failures(self, outcomes: dict[str, Outcome], workers: dict[str, Any]) -> None:
         for name, outcome in outcomes.items():
@@ -382,3 +389,7 @@ class StepBase:
                     "WorkerFailed",
                     f"{name}: {entry.get('reason')}: {entry.get('message', '')}"[:1000],
                 )
+
+
+def _all_updated(updates: dict[str, Any], waiting: list[str]) -> bool:
+    return len(updates) == len(waiting) and all(e.get("phase") == "Updated" for e in updates.values())

@@ -220,7 +220,9 @@ class _Step(RollbackMixin, StepBase):
             return self.tuning.poll_s
         if spec_done < len(self.spec.strategy.waves):
             await self.start_wave(spec_done, waves)
-            return 0.0
+            # Call the new wave in this step: there is nothing new to read in between.
+            waves = list(self.status.get("waves") or [])
+            return await self.run_wave(len(waves) - 1, waves)
         late = sorted(set(self.pods) - {p for w in waves for p in w.get("pods", [])})
         if late:
             await self.add_wave(waves, WaveKind.DRIFT, late, f"{len(late)} pods joined during the rollout")
