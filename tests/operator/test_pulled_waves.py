@@ -4,6 +4,7 @@ apiserver (merge patches on one object) and of the agents."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from ckpt_api.testdata import VALID_SPEC, VALID_SPEC_DEFAULTS
@@ -72,7 +73,8 @@ def _fleet(count: int) -> list[Pod]:
 
 
 def _rollout(waves: list[Any], **spec: Any) -> dict[str, Any]:
-    full = apply_merge_patch(VALID_SPEC_DEFAULTS, {**VALID_SPEC, "version": TARGET, **spec})
+    # Deep copies: the shared testdata dicts must never be mutated by a test.
+    full = copy.deepcopy(apply_merge_patch(VALID_SPEC_DEFAULTS, {**VALID_SPEC, "version": TARGET, **spec}))
     full["strategy"]["waves"] = waves
     meta = {"namespace": "rl", "name": "fleet", "uid": "u-1", "generation": 1, "creationTimestamp": "t"}
     return {"metadata": meta, "spec": full, "status": {"stableVersion": "v1", "previousVersion": "v1"}}
