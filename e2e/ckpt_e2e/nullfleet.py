@@ -159,6 +159,19 @@ class NullFleet:
         total["slowest_load_s_by_wave"] = slowest
         return total
 
+    def settled_stats(self, quiet_s: float = 2.0, timeout: float = 120.0) -> dict[str, Any]:
+        """Stats once the agents' queued reports have gone out: no new API request for
+        `quiet_s` (or `timeout` passed)."""
+        deadline = time.monotonic() + timeout
+        last = self.stats()
+        while time.monotonic() < deadline:
+            time.sleep(quiet_s)
+            now = self.stats()
+            if now["api_requests"] == last["api_requests"]:
+                return now
+            last = now
+        return last
+
 
 def _ready_url(host: _Host) -> str | None:
     """The host's stats URL once it printed `ready`; raises if it died first."""

@@ -70,6 +70,7 @@ def test_summary_states_ratios_against_the_targets() -> None:
         "api_requests": 40,
         "operator_status_requests": 29,
         "agent_api_requests": 200,
+        "agent_api_requests_at_succeeded": 150,
         "operator_rss_mb": 150.0,
         "ideal_wave_s": 0.1,
     }
