@@ -32,12 +32,11 @@ from ckpt_agent.reader import (
     DEFAULT_CHUNK_BYTES,
     LoadProgress,
     fetch_manifest,
-    fetch_manifest_raw,
     plan_runs,
     read_runs,
 )
 from ckpt_agent.relay.copy import ReadTensor, RelayCopy
-from ckpt_agent.relay.load import open_load_transport, pull_into, registered
+from ckpt_agent.relay.load import open_version, pull_into, registered
 from ckpt_agent.staging import StagingArea
 from ckpt_agent.transport import Transport, open_transport
 
@@ -84,17 +83,8 @@ class InProcessLoader:
         self._relay = relay
 
     async def load(self, job: LoadJob, gate: PauseGate, progress: LoadProgress) -> LoadOutcome:
-        if job.source_uri is None:
-            raise LoadError(Reason.SOURCE_UNREACHABLE, "no source to load from")
-        transport = await asyncio.to_thread(open_load_transport, job.source_uri, job.peer, job.bearer)
+        transport, manifest, digest, raw = await open_version(job, self._max_manifest)
         try:
-            manifest, digest, raw = await asyncio.to_thread(
-                fetch_manifest_raw,
-                transport,
-                job.version,
-                expected_digest=job.manifest_digest,
-                max_bytes=self._max_manifest,
-            )
             check_compatible(manifest, self._target.parameter_specs())
             progress.bytes_total = manifest.total_bytes
             if self.apply_mode == "staged":

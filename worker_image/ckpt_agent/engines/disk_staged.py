@@ -17,9 +17,9 @@ from ckpt_agent.engines.base import LoadJob, LoadOutcome
 from ckpt_agent.errors import LoadError, Reason
 from ckpt_agent.manifest import DEFAULT_MAX_MANIFEST_BYTES, Manifest
 from ckpt_agent.pause_gate import LOAD, PauseGate
-from ckpt_agent.reader import DEFAULT_CHUNK_BYTES, LoadProgress, fetch_manifest_raw
+from ckpt_agent.reader import DEFAULT_CHUNK_BYTES, LoadProgress
 from ckpt_agent.relay.copy import RelayCopy
-from ckpt_agent.relay.load import open_load_transport, pull_into
+from ckpt_agent.relay.load import open_version, pull_into
 from ckpt_agent.staging_dir import StagedDirectory
 from ckpt_agent.transport import Transport
 
@@ -115,17 +115,8 @@ class DiskStagedEngine:
         raise NotImplementedError(f"{self.name} serves its own API")
 
     async def load(self, job: LoadJob, gate: PauseGate, progress: LoadProgress) -> LoadOutcome:
-        if job.source_uri is None:
-            raise LoadError(Reason.SOURCE_UNREACHABLE, "no source to load from")
-        transport = await asyncio.to_thread(open_load_transport, job.source_uri, job.peer, job.bearer)
+        transport, manifest, digest, raw = await open_version(job, self._max_manifest)
         try:
-            manifest, digest, raw = await asyncio.to_thread(
-                fetch_manifest_raw,
-                transport,
-                job.version,
-                expected_digest=job.manifest_digest,
-                max_bytes=self._max_manifest,
-            )
             progress.bytes_total = manifest.total_bytes
             staged = await asyncio.to_thread(self._stage, transport, manifest, job, progress)
         finally:

@@ -3,13 +3,14 @@ and registering destination memory with transports that want it (RDMA)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol
 
 from ckpt_agent.errors import LoadError, Reason
 from ckpt_agent.mooncake.runtime import MooncakeUnavailable
-from ckpt_agent.reader import LoadProgress, plan_runs, read_runs
+from ckpt_agent.reader import LoadProgress, fetch_manifest_raw, plan_runs, read_runs
 from ckpt_agent.relay.peer import PeerError, PeerTransport, open_peer_transport
 from ckpt_agent.transport import RegistersBuffers, Transport, open_transport
 
@@ -78,3 +79,24 @@ def pull_into(
             chunk_bytes=chunk_bytes,
             parallelism=parallelism,
         )
+
+
+async def open_version(job: LoadJob, max_manifest_bytes: int) -> tuple[Transport, Manifest, str, bytes]:
+    """The job's transport (source, or peer with the source's manifest) and its version's
+    manifest, digest-checked: (transport, manifest, digest, raw manifest bytes). The caller
+    closes the transport."""
+    if job.source_uri is None:
+        raise LoadError(Reason.SOURCE_UNREACHABLE, "no source to load from")
+    transport = await asyncio.to_thread(open_load_transport, job.source_uri, job.peer, job.bearer)
+    try:
+        manifest, digest, raw = await asyncio.to_thread(
+            fetch_manifest_raw,
+            transport,
+            job.version,
+            expected_digest=job.manifest_digest,
+            max_bytes=max_manifest_bytes,
+        )
+    except BaseException:
+        transport.close()
+        raise
+    return transport, manifest, digest, raw
