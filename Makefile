@@ -6,18 +6,32 @@ BIN := $(VENV)/bin
 CRD_FILE := crds/checkpointrollouts.rollout.ckpt.dev.yaml
 PYPATHS := operator:worker_image:e2e
 
-.PHONY: install test unit lint crds verify demo clean
+.PHONY: install system-deps test unit lint crds verify demo clean
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# Debian packages the tests and the demo need (Mooncake's libraries, iproute2, shellcheck, podman,
+# buildah, mmdebstrap, runc): installs only what is missing, so a set-up machine pays ~0.1 s.
+system-deps:
+	bash scripts/install-system-deps.sh dev
+
+# Every pin comes from constraints.txt (make lock), as in both images. The harness and benches
+# (e2e/ckpt_e2e) are not in the wheel: a .pth file puts e2e/ on the venv's path.
+$(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade --quiet pip
-	$(BIN)/pip install --quiet -e '.[operator,agent,dev]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[operator,agent,paddle,mooncake,dev]'
+	echo "$(CURDIR)/e2e" > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/ckpt-rollout-harness.pth"
 	touch $@
 
-# README's test command: lint, types, layering, then every test tier that runs without Docker.
-test: install provision lint
+# constraints.txt from pyproject's requirements (needs the resolver in the dev extra: uv).
+.PHONY: lock
+lock: install
+	$(BIN)/python -m ckpt_e2e.lockfile
+
+# README's test command: all set-up (system packages, venv, control-plane binaries, both images),
+# then lint, types, layering and every test tier; nothing is skipped for a missing tool.
+test: install system-deps provision images lint
 	$(BIN)/pytest
 
 unit: install
@@ -48,10 +62,11 @@ verify: generate
 	git diff --exit-code -- crds/ charts/ examples/kubectl/
 
 # README's main job: the whole product on a local control plane, ending in `demo: OK ...`.
-demo: install provision
+demo: install system-deps provision
 	$(BIN)/python -m ckpt_e2e.demo
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
 
 -include e2e/cluster.mk
+-include e2e/images.mk

@@ -9,7 +9,7 @@ E2E_STATE ?= .cluster
 .PHONY: provision cluster-up cluster-down
 
 provision:
-	PYTHONPATH=e2e $(E2E_PYTHON) -m ckpt_e2e.provision
+	bash e2e/provision.sh
 
 cluster-up: provision
 	PYTHONPATH=e2e $(E2E_PYTHON) -m ckpt_e2e.clusterctl up --state-dir $(E2E_STATE)

@@ -4,8 +4,8 @@ import pytest
 from pydantic import ValidationError
 
 from ckpt_api.spec import CheckpointRolloutSpec, Strategy
-from ckpt_api.testdata import INVALID_SPECS, VALID_SPEC, VALID_SPEC_DEFAULTS, InvalidSpec
 from ckpt_api.versions import validate_version
+from ckpt_e2e.testdata import INVALID_SPECS, VALID_SPEC, VALID_SPEC_DEFAULTS, InvalidSpec
 
 
 def test_valid_spec_gets_the_documented_defaults() -> None:

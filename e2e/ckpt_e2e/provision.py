@@ -9,7 +9,7 @@ Resolution order for each binary (first hit wins):
   4. a download of the official release binary, only when ``CKPT_E2E_ALLOW_DOWNLOAD=1``
      (the CI machine has no internet; this path is for users who do).
 
-This module is stdlib-only so ``e2e/ci-provision.sh`` can run it before any venv exists:
+This module is stdlib-only so ``e2e/provision.sh`` can run it before any venv exists:
 ``python3 e2e/ckpt_e2e/provision.py [--jobs N] [NAME ...]``.
 """
 

@@ -9,8 +9,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from ckpt_api.testdata import INVALID_SPECS, VALID_SPEC, VALID_SPEC_DEFAULTS, InvalidSpec
 from ckpt_e2e.fixtures import ClusterHandle
+from ckpt_e2e.testdata import INVALID_SPECS, VALID_SPEC, VALID_SPEC_DEFAULTS, InvalidSpec
 
 pytestmark = pytest.mark.integration
 

@@ -1,43 +1,59 @@
-"""`ckpt-rollout` command line: one entry point for operator, agent, tooling and benches.
+"""`ckpt-rollout` command line: one entry point for operator, user commands, agent tools and benches.
 
-Subcommands import their implementation lazily so `--help` and `crd` stay fast and work
-without paddle or a cluster client installed."""
+Each image installs only its own packages (the operator image: ckpt_api + ckpt_rollout; the
+worker image: ckpt_api + ckpt_agent; benches need a development checkout), so a command group is
+registered only when its package is importable, and naming a command of an absent group prints
+what to install instead of a traceback. Groups import their implementations lazily so `--help`
+and `crd` stay fast."""
+
+from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 Handler = Callable[[argparse.Namespace], int]
 
-# Subcommands announced in --help before they exist; each names the issue that brings it.
-PLANNED: dict[str, tuple[str, str]] = {}
-PLANNED_BENCH: dict[str, tuple[str, str]] = {}
+
+@dataclass(frozen=True)
+class CommandGroup:
+    module: str  # defines `function(subparsers)`; imported only when its package is installed
+    function: str
+    commands: tuple[str, ...]  # what it registers: named here so an absent group can say so
+    install_hint: str
+
+    @property
+    def package(self) -> str:
+        return self.module.partition(".")[0]
+
+    def installed(self) -> bool:
+        return importlib.util.find_spec(self.package) is not None
 
 
-def _not_implemented(name: str, issue: str) -> Handler:
-    def run(_args: argparse.Namespace) -> int:
-        print(f"ckpt-rollout {name}: not implemented yet (planned in issue {issue})", file=sys.stderr)
-        return 2
-
-    return run
-
-
-def _add_planned(
-    sub: "argparse._SubParsersAction[argparse.ArgumentParser]",
-    planned: dict[str, tuple[str, str]],
-    prefix: str = "",
-) -> None:
-    for name, (help_text, issue) in planned.items():
-        parser = sub.add_parser(name, help=f"{help_text} (planned: {issue})")
-        parser.set_defaults(func=_not_implemented(prefix + name, issue))
-
-
-def _print_help_of(parser: argparse.ArgumentParser) -> Handler:
-    def run(_args: argparse.Namespace) -> int:
-        parser.print_help()
-        return 2
-
-    return run
+GROUPS: tuple[CommandGroup, ...] = (
+    CommandGroup("ckpt_rollout.runner", "add_command", ("operator",), "pip install 'ckpt-rollout[operator]'"),
+    CommandGroup(
+        "ckpt_rollout.commands",
+        "add_commands",
+        ("status", "watch", "pause", "resume", "promote", "abort"),
+        "pip install 'ckpt-rollout[operator]'",
+    ),
+    CommandGroup(
+        "ckpt_agent.cli",
+        "add_commands",
+        ("publish", "serve", "agent"),
+        "pip install 'ckpt-rollout[agent]' (or run the worker image)",
+    ),
+    CommandGroup(
+        "ckpt_e2e.bench.cli",
+        "add_commands",
+        ("bench",),
+        "a development checkout: `make install` in the ckpt-rollout repository",
+    ),
+)
 
 
 def _crd(args: argparse.Namespace) -> int:
@@ -47,36 +63,42 @@ def _crd(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(groups: Sequence[CommandGroup] = GROUPS) -> argparse.ArgumentParser:
+    absent = [g for g in groups if not g.installed()]
+    epilog = "\n".join(f"not installed: {', '.join(g.commands)} (needs {g.install_hint})" for g in absent)
     parser = argparse.ArgumentParser(
         prog="ckpt-rollout",
         description="Roll model checkpoints out to a running inference fleet in place, in waves.",
+        epilog=epilog or None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     crd = sub.add_parser("crd", help="print the CheckpointRollout CRD (generated from the models)")
     crd.set_defaults(func=_crd)
-    from ckpt_agent.cli import add_bench_commands as add_agent_bench_commands
-    from ckpt_agent.cli import add_commands as add_agent_commands
-    from ckpt_rollout.bench_controlplane import add_command as add_controlplane_bench
-    from ckpt_rollout.commands import add_commands as add_inspect_commands
-    from ckpt_rollout.runner import add_command as add_operator_command
-
-    add_operator_command(sub)
-    add_inspect_commands(sub)
-    _add_planned(sub, PLANNED)
-    add_agent_commands(sub)
-    bench = sub.add_parser("bench", help="benchmarks that print ratios against limits")
-    bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH")
-    add_agent_bench_commands(bench_sub)
-    add_controlplane_bench(bench_sub)
-    _add_planned(bench_sub, PLANNED_BENCH, prefix="bench ")
-    bench.set_defaults(func=_print_help_of(bench))
+    for group in groups:
+        if group.installed():
+            getattr(importlib.import_module(group.module), group.function)(sub)
     return parser
 
 
+def absent_command(argv: Sequence[str], groups: Sequence[CommandGroup] = GROUPS) -> CommandGroup | None:
+    """The absent group that would have provided argv's command, if any."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    return next((g for g in groups if command in g.commands and not g.installed()), None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if (group := absent_command(args_list)) is not None:
+        command = next(a for a in args_list if not a.startswith("-"))
+        print(
+            f"ckpt-rollout {command}: not installed here ({group.package} is absent); "
+            f"needs {group.install_hint}",
+            file=sys.stderr,
+        )
+        return 2
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(args_list)
     func: Handler | None = getattr(args, "func", None)
     if func is None:
         parser.print_help()

@@ -15,16 +15,16 @@ import aiohttp
 import pytest
 from agent_testkit import SPEC, AgentClient, Tree, close_to, wait_until
 
-from ckpt_agent.bench import run_dataplane
-from ckpt_agent.cli import add_bench_commands, add_commands, config_from_args
+from ckpt_agent.cli import add_commands, config_from_args
+from ckpt_e2e.bench.cli import add_commands as add_bench_commands
+from ckpt_e2e.bench.dataplane import run_dataplane
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ckpt-rollout")
     sub = parser.add_subparsers(dest="command")
     add_commands(sub)
-    bench = sub.add_parser("bench")
-    add_bench_commands(bench.add_subparsers(dest="bench"))
+    add_bench_commands(sub)
     return parser
 
 

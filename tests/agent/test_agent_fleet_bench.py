@@ -1,17 +1,24 @@
-"""`bench fleet` and its namespace topology, for real (root and iproute2 needed; skipped
-otherwise): everything it creates is gone afterwards."""
+"""`bench fleet` and its namespace topology, for real: everything it creates is gone afterwards.
+Needs root (skipped otherwise: namespaces cannot be made unprivileged) and iproute2, which
+`make test` installs (a missing `ip`/`tc` fails)."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from ckpt_agent.netns import NS_PREFIX, Topology, missing_prerequisites, sweep_stale
+from ckpt_e2e.bench.netns import NS_PREFIX, Topology, missing_prerequisites, sweep_stale
 
-pytestmark = pytest.mark.skipif(missing_prerequisites() is not None, reason=str(missing_prerequisites()))
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+
+
+@pytest.fixture(autouse=True)
+def _tools_installed() -> None:
+    assert missing_prerequisites() is None, missing_prerequisites()
 
 
 def _ours() -> list[str]:
@@ -54,7 +61,7 @@ def test_sweep_removes_namespaces_of_dead_runs() -> None:
 def test_bench_fleet_smoke(tmp_path: object) -> None:
     before = set(_ours())
     done = subprocess.run(
-        [sys.executable, "-m", "ckpt_agent", "bench", "fleet", "--hosts", "2", "--link-mbps", "400",
+        [sys.executable, "-m", "ckpt_rollout.cli", "bench", "fleet", "--hosts", "2", "--link-mbps", "400",
          "--size-mb", "4", "--json"],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from ckpt_rollout.bench_controlplane import (
+from ckpt_e2e.bench.controlplane import (
     delta,
     overhead_per_wave,
     request_counts,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ckpt_api.testdata import VALID_SPEC, VALID_SPEC_DEFAULTS
+from ckpt_e2e.testdata import VALID_SPEC, VALID_SPEC_DEFAULTS
 from ckpt_rollout.agent_client import CallResult
 from ckpt_rollout.mergepatch import apply_merge_patch
 from ckpt_rollout.rollout import Memory, Pod, Reconciler, Tuning

@@ -1,5 +1,5 @@
-"""Subcommands the agent package contributes to `ckpt-rollout` (publish, serve, agent, and
-`bench dataplane`). Each handler imports its implementation lazily so `--help` stays fast."""
+"""Subcommands the agent package contributes to `ckpt-rollout` (publish, serve, agent). Each
+handler imports its implementation lazily so `--help` stays fast and works without paddle."""
 
 from __future__ import annotations
 
@@ -124,6 +124,18 @@ async def _agent_main(config: Any) -> None:
             await agent.api_client.close()
 
 
+def _missing_engine_package(engine: str) -> str | None:
+    """The slim worker image has no paddle: say so before the engine's import fails deep inside."""
+    import importlib.util
+
+    if engine == "paddle" and importlib.util.find_spec("paddle") is None:
+        return (
+            "--engine paddle needs paddle, which is not installed here: pip install 'ckpt-rollout[paddle]' "
+            "or use the worker image's cpu/gpu variant (the slim one serves fastdeploy, sglang, vllm)"
+        )
+    return None
+
+
 def _agent(args: argparse.Namespace) -> int:
     from ckpt_agent.config import ConfigError
 
@@ -133,6 +145,9 @@ def _agent(args: argparse.Namespace) -> int:
         config.validate()
     except ConfigError as exc:
         print(f"ckpt-rollout agent: {exc}", file=sys.stderr)
+        return 2
+    if missing := _missing_engine_package(config.engine):
+        print(f"ckpt-rollout agent: {missing}", file=sys.stderr)
         return 2
     asyncio.run(_agent_main(config))
     return 0
@@ -224,51 +239,11 @@ def add_commands(sub: SubParsers) -> None:
     _add_agent_parser(sub)
 
 
-# -- bench -----------------------------------------------------------------------------------------
-def _bench_dataplane(args: argparse.Namespace) -> int:
-    from ckpt_agent.bench import main_dataplane
-
-    return main_dataplane(args)
-
-
-def _bench_fleet(args: argparse.Namespace) -> int:
-    from ckpt_agent.bench_fleet import main_fleet
-
-    return main_fleet(args)
-
-
-def add_bench_commands(bench_sub: SubParsers) -> None:
-    """Register `dataplane` and `fleet` under `ckpt-rollout bench`."""
-    p = bench_sub.add_parser("dataplane", help="transport and verify throughput against memcpy/TCP")
-    p.add_argument("--size-mb", type=int, default=512)
-    p.add_argument("--tensor-mb", type=int, default=64, help="size of each synthetic tensor")
-    p.add_argument("--chunk-mb", type=int, default=4)
-    p.add_argument("--repeat", type=int, default=5, help="runs per figure; the best is kept")
-    p.add_argument("--dir", help="scratch directory (default: system temp)")
-    p.add_argument(
-        "--json", action="store_true", help="print only one JSON object (human lines go to stderr)"
-    )
-    p.set_defaults(func=_bench_dataplane)
-
-    p = bench_sub.add_parser(
-        "fleet",
-        help="fleet load time: source-only vs wave relay, agents in tc-capped network namespaces (root)",
-    )
-    p.add_argument("--hosts", type=int, default=4, help="agents, each in its own network namespace")
-    p.add_argument("--link-mbps", type=float, default=200, help="tc rate cap of every link, both ways")
-    p.add_argument("--size-mb", type=int, default=32, help="version size (reference model)")
-    p.add_argument("--dir", help="scratch directory (default: system temp)")
-    p.add_argument("--json", action="store_true", help="human lines to stderr; the last line is JSON anyway")
-    p.set_defaults(func=_bench_fleet)
-
-
 def build_parser() -> argparse.ArgumentParser:
     """Standalone parser for `python -m ckpt_agent` (the worker image's entrypoint)."""
     parser = argparse.ArgumentParser(prog="ckpt-agent", description="ckpt-rollout worker agent and tools")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add_commands(sub)
-    bench = sub.add_parser("bench", help="benchmarks")
-    add_bench_commands(bench.add_subparsers(dest="bench", metavar="BENCH", required=True))
     return parser
 
 

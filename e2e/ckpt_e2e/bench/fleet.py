@@ -26,9 +26,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ckpt_agent.netns import NetnsError, Topology, missing_prerequisites, sweep_stale
 from ckpt_agent.publish import publish
 from ckpt_agent.synth import ReferenceModelSpec, write_reference_checkpoint
+from ckpt_e2e.bench.netns import NetnsError, Topology, missing_prerequisites, sweep_stale
 
 SOURCE_PORT = 8090
 AGENT_PORT = 8089
@@ -117,7 +117,14 @@ def run_fleet(hosts: int, link_mbps: float, size_mb: int, workdir: str | None) -
                     "warning",
                 ]
                 procs.start(src.exec_argv(serve), Path(tmp) / "source.log")
-                sink = [sys.executable, "-m", "ckpt_agent.fleet_ctl", "sink", members[0].ip, str(SINK_PORT)]
+                sink = [
+                    sys.executable,
+                    "-m",
+                    "ckpt_e2e.bench.fleet_ctl",
+                    "sink",
+                    members[0].ip,
+                    str(SINK_PORT),
+                ]
                 procs.start(members[0].exec_argv(sink), Path(tmp) / "sink.log")
                 model = ["--model-hidden", str(spec.hidden), "--model-layers", str(spec.layers)]
                 for m in members:
@@ -135,7 +142,7 @@ def run_fleet(hosts: int, link_mbps: float, size_mb: int, workdir: str | None) -
                     "sink_port": SINK_PORT,
                     "goodput_bytes": nbytes,
                 }
-                ctl_argv = ctl.exec_argv([sys.executable, "-m", "ckpt_agent.fleet_ctl", json.dumps(cfg)])
+                ctl_argv = ctl.exec_argv([sys.executable, "-m", "ckpt_e2e.bench.fleet_ctl", json.dumps(cfg)])
                 done = subprocess.run(ctl_argv, capture_output=True, text=True, check=False)
                 if done.returncode != 0:
                     logs = {p.name: p.read_text(errors="replace")[-2000:] for p in Path(tmp).glob("*.log")}

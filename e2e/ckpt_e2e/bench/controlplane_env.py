@@ -21,11 +21,11 @@ from kubernetes import client, config
 from ckpt_api.constants import GROUP, PLURAL, VERSION
 from ckpt_api.crd import render_crd
 
-from .cluster import ClusterOptions, LocalCluster
-from .nullfleet import NullFleet
-from .procs import free_ports, wait_for
-from .provision import resolve
-from .rollout_env import AGENT_PORT, OperatorProcess, Rollouts, http_text, metric_value
+from ..cluster import ClusterOptions, LocalCluster
+from ..nullfleet import NullFleet
+from ..procs import free_ports, wait_for
+from ..provision import resolve
+from ..rollout_env import AGENT_PORT, OperatorProcess, Rollouts, http_text, metric_value
 
 CONTROL_PLANE = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"]
 NAMESPACE = "bench"

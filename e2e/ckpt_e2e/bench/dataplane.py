@@ -330,7 +330,7 @@ def main_dataplane(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    # `python -m ckpt_agent.bench [dataplane flags]`, before or without the top-level CLI.
-    from ckpt_agent.cli import main
+    # `python -m ckpt_e2e.bench.dataplane [dataplane flags]`, without the top-level CLI.
+    from ckpt_rollout.cli import main
 
     sys.exit(main(["bench", "dataplane", *sys.argv[1:]]))

@@ -147,7 +147,7 @@ def summary_lines(r: dict[str, Any]) -> list[str]:
 
 
 def run(args: argparse.Namespace, workdir: Path, log: Any) -> dict[str, Any]:
-    from ckpt_e2e.bench_controlplane_env import BenchEnv
+    from ckpt_e2e.bench.controlplane_env import BenchEnv
 
     def say(message: str) -> None:
         print(f"==> {message}", file=log, flush=True)

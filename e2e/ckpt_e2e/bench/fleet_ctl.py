@@ -1,5 +1,5 @@
 """The controller half of `bench fleet`, run inside the bench's control namespace
-(`python -m ckpt_agent.fleet_ctl '<json>'`): it plays the operator's part, sending update
+(`python -m ckpt_e2e.bench.fleet_ctl '<json>'`): it plays the operator's part, sending update
 requests and polling agents' status, and prints one JSON line of timings.
 
 First one raw TCP stream from the control namespace to a sink on a capped host measures the
@@ -26,8 +26,8 @@ def _call(method: str, url: str, body: dict[str, Any] | None = None, timeout: fl
     data = json.dumps(body).encode() if body is not None else None
     # Only http:// URLs the bench built itself reach here.
     headers = {"Content-Type": "application/json"}
-    req = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310
-    with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
         return json.loads(resp.read() or b"null")
 
 

@@ -1,0 +1,66 @@
+"""`ckpt-rollout bench`: the benchmark commands, registered by `ckpt_rollout.cli` when this
+package is importable (a development checkout). Handlers import their bench lazily."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+SubParsers = Any  # argparse._SubParsersAction is private; this is what add_parser is called on
+
+COMMANDS = ("bench",)
+
+
+def _bench_dataplane(args: argparse.Namespace) -> int:
+    from ckpt_e2e.bench.dataplane import main_dataplane
+
+    return main_dataplane(args)
+
+
+def _bench_fleet(args: argparse.Namespace) -> int:
+    from ckpt_e2e.bench.fleet import main_fleet
+
+    return main_fleet(args)
+
+
+def _add_dataplane_and_fleet(bench_sub: SubParsers) -> None:
+    p = bench_sub.add_parser("dataplane", help="transport and verify throughput against memcpy/TCP")
+    p.add_argument("--size-mb", type=int, default=512)
+    p.add_argument("--tensor-mb", type=int, default=64, help="size of each synthetic tensor")
+    p.add_argument("--chunk-mb", type=int, default=4)
+    p.add_argument("--repeat", type=int, default=5, help="runs per figure; the best is kept")
+    p.add_argument("--dir", help="scratch directory (default: system temp)")
+    p.add_argument(
+        "--json", action="store_true", help="print only one JSON object (human lines go to stderr)"
+    )
+    p.set_defaults(func=_bench_dataplane)
+
+    p = bench_sub.add_parser(
+        "fleet",
+        help="fleet load time: source-only vs wave relay, agents in tc-capped network namespaces (root)",
+    )
+    p.add_argument("--hosts", type=int, default=4, help="agents, each in its own network namespace")
+    p.add_argument("--link-mbps", type=float, default=200, help="tc rate cap of every link, both ways")
+    p.add_argument("--size-mb", type=int, default=32, help="version size (reference model)")
+    p.add_argument("--dir", help="scratch directory (default: system temp)")
+    p.add_argument("--json", action="store_true", help="human lines to stderr; the last line is JSON anyway")
+    p.set_defaults(func=_bench_fleet)
+
+
+def add_commands(sub: SubParsers) -> None:
+    """Register `bench dataplane|fleet|controlplane` on the `ckpt-rollout` subparsers."""
+    from ckpt_e2e.bench.controlplane import add_command as add_controlplane
+
+    bench = sub.add_parser("bench", help="benchmarks that print ratios against limits")
+    bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH")
+    _add_dataplane_and_fleet(bench_sub)
+    add_controlplane(bench_sub)
+    bench.set_defaults(func=_print_help_of(bench))
+
+
+def _print_help_of(parser: argparse.ArgumentParser) -> Any:
+    def run(_args: argparse.Namespace) -> int:
+        parser.print_help()
+        return 2
+
+    return run
