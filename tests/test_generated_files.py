@@ -44,3 +44,40 @@ def test_cross_field_rules_are_cel() -> None:
     rules = [v["message"] for v in waves["x-kubernetes-validations"]]
     assert any("strictly increasing" in r for r in rules)
     assert spec["properties"]["timeouts"]["x-kubernetes-validations"]
+
+
+def test_constraints_lock_is_fresh() -> None:
+    from ckpt_e2e.lockfile import recorded_hash, requirements_hash
+
+    assert recorded_hash() == requirements_hash(), "pyproject's requirements changed: run `make lock`"
+
+
+def test_every_requirement_is_pinned_by_the_lock() -> None:
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    from ckpt_e2e.lockfile import normalize, pins
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pinned = pins()
+    reqs = [
+        *project["dependencies"],
+        *(r for extra in project["optional-dependencies"].values() for r in extra),
+    ]
+    assert reqs
+    for raw in reqs:
+        req = Requirement(raw)
+        name = normalize(req.name)
+        assert name in pinned, f"{req.name} is not in constraints.txt: run `make lock`"
+        assert req.specifier.contains(pinned[name], prereleases=True), f"{raw} vs pinned {pinned[name]}"
+
+
+def test_every_install_uses_the_lock() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    assert "pip install --quiet -c constraints.txt -e" in makefile
+    for dockerfile in ("operator/Dockerfile", "worker_image/Dockerfile"):
+        installs = [line for line in (ROOT / dockerfile).read_text().splitlines() if "pip install" in line]
+        assert installs, dockerfile
+        for line in installs:
+            assert "-c constraints.txt" in line, f"{dockerfile}: every pip install is pinned: {line.strip()}"
