@@ -57,6 +57,7 @@ from .rollout_env import (
     rollout_spec,
 )
 from .rollout_fixtures import Fleet
+from .versions import KUBERNETES
 
 __all__ = ["ExistingProvider", "LocalProvider", "Provider", "WorkerFleet", "provider", "scenario_catalog"]
 
@@ -375,7 +376,7 @@ def apply_worker_rbac(kubectl: Kubectl) -> str:
     rendered = subprocess.run(
         [
             str(helm_binary()), "template", release, str(CHART),
-            "--namespace", kubectl.namespace,
+            "--namespace", kubectl.namespace, "--kube-version", KUBERNETES,
             "--show-only", "templates/worker-rbac.yaml",
             "--set", f"fullnameOverride={release}",
             "--set", "workerRbac.enabled=true",

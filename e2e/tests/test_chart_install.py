@@ -29,6 +29,7 @@ from ckpt_e2e.fixtures import ClusterHandle
 from ckpt_e2e.kubectl import Kubectl
 from ckpt_e2e.procs import wait_for
 from ckpt_e2e.provision import resolve
+from ckpt_e2e.versions import KUBERNETES
 from ckpt_rollout.leader import LEASE_NAME
 
 pytestmark = pytest.mark.integration
@@ -377,6 +378,7 @@ def test_argocd_application_renders_and_applies(helm: HelmCli, kube: Kubectl, tm
     rendered = helm(
         "template", source["helm"]["releaseName"], str(ROOT / source["path"]),
         "--namespace", destination["namespace"], "--values", str(values),
+        "--kube-version", KUBERNETES,  # Argo CD passes the destination cluster's version
     ).stdout  # fmt: skip
     if "CreateNamespace=true" in app["spec"]["syncPolicy"]["syncOptions"]:
         kube.run("create", "namespace", destination["namespace"])

@@ -26,6 +26,7 @@ from ckpt_e2e.providers import (
     worker_pod_deployment,
 )
 from ckpt_e2e.rollout_env import WORKER_LABEL, agent_flags
+from ckpt_e2e.versions import KUBERNETES
 
 pytestmark = pytest.mark.integration
 
@@ -79,7 +80,7 @@ def test_chart_with_the_kind_values_is_admitted(kubectl: Kubectl, namespace: str
     rendered = subprocess.run(
         [
             str(helm_binary()), "template", "ckpt-rollout", str(CHART), "--namespace", namespace,
-            "--values", str(KIND / "values.yaml"),
+            "--values", str(KIND / "values.yaml"), "--kube-version", KUBERNETES,
         ],
         capture_output=True, text=True, check=True, timeout=60,
     ).stdout  # fmt: skip

@@ -15,6 +15,7 @@ module renders.
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -433,10 +434,21 @@ STATIC_RELEASE = "ckpt-rollout"
 STATIC_NAMESPACE = "ckpt-rollout-system"
 
 
+def kube_version_floor(chart_dir: Path) -> str:
+    """The oldest Kubernetes the chart supports (`kubeVersion: ">=1.28.0-0"` -> "1.28.0"): what
+    `helm template` must be told, since it assumes v1.20 without a cluster to ask."""
+    spec = str(yaml.safe_load((chart_dir / "Chart.yaml").read_text())["kubeVersion"])
+    match = re.fullmatch(r">=\s*v?(\d+\.\d+\.\d+)(-0)?", spec.strip())
+    if match is None:
+        raise ValueError(f"{chart_dir}/Chart.yaml: kubeVersion {spec!r} is not a '>=X.Y.Z-0' floor")
+    return match.group(1)
+
+
 def static_manifest_argv(helm: Path, chart_dir: Path) -> list[str]:
     return [
         str(helm), "template", STATIC_RELEASE, str(chart_dir),
         "--namespace", STATIC_NAMESPACE, "--set", "crds.install=false",
+        "--kube-version", kube_version_floor(chart_dir),
     ]  # fmt: skip
 
 

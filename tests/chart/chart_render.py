@@ -11,8 +11,11 @@ from typing import Any
 
 import yaml
 
+from ckpt_rollout.chart_values import kube_version_floor
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "ckpt-rollout"
+KUBE_FLOOR = kube_version_floor(CHART)
 
 Obj = dict[str, Any]
 
@@ -59,7 +62,8 @@ class Helm:
     def template_args(
         self, values: Obj | None, sets: list[str], release: str, namespace: str, workdir: Path
     ) -> list[str]:
-        args = ["template", release, str(CHART), "--namespace", namespace]
+        # The floor Chart.yaml declares: render as the oldest supported cluster would.
+        args = ["template", release, str(CHART), "--namespace", namespace, "--kube-version", KUBE_FLOOR]
         if values is not None:
             values_file = workdir / "values.json"
             values_file.write_text(json.dumps(values))
