@@ -28,7 +28,9 @@ from typing import Any
 
 from ckpt_agent.publish import publish
 from ckpt_agent.synth import ReferenceModelSpec, write_reference_checkpoint
+from ckpt_e2e.bench.fleet_ctl import SINK_READY
 from ckpt_e2e.bench.netns import NetnsError, Topology, missing_prerequisites, sweep_stale
+from ckpt_e2e.procs import wait_for
 
 SOURCE_PORT = 8090
 AGENT_PORT = 8089
@@ -66,9 +68,11 @@ class Processes:
     def __init__(self) -> None:
         self._procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, argv: list[str], log: Path) -> None:
+    def start(self, argv: list[str], log: Path) -> subprocess.Popen[bytes]:
         with log.open("wb") as out:
-            self._procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT))
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        self._procs.append(proc)
+        return proc
 
     def stop(self) -> None:
         for proc in self._procs:
@@ -125,7 +129,19 @@ def run_fleet(hosts: int, link_mbps: float, size_mb: int, workdir: str | None) -
                     members[0].ip,
                     str(SINK_PORT),
                 ]
-                procs.start(members[0].exec_argv(sink), Path(tmp) / "sink.log")
+                sink_log = Path(tmp) / "sink.log"
+                sink_proc = procs.start(members[0].exec_argv(sink), sink_log)
+                wait_for(
+                    lambda: (
+                        SINK_READY in sink_log.read_text(errors="replace") or sink_proc.poll() is not None
+                    ),
+                    30,
+                    "fleet bench sink listening",
+                )
+                if sink_proc.poll() is not None:
+                    raise RuntimeError(
+                        f"fleet bench sink exited: {sink_log.read_text(errors='replace')[-2000:]}"
+                    )
                 model = ["--model-hidden", str(spec.hidden), "--model-layers", str(spec.layers)]
                 for m in members:
                     agent = [*py, "agent", "--engine", "paddle", "--host", m.ip, "--port", str(AGENT_PORT),

@@ -64,6 +64,9 @@ def wave(jobs: list[tuple[str, dict[str, str]]], version: str, limit_s: float) -
         return [f.result() for f in futures]
 
 
+SINK_READY = "sink: listening"
+
+
 def tcp_goodput(host: str, port: int, nbytes: int) -> float:
     """Bytes/s of one raw TCP stream to a sink (`sink` below) across the capped links: the
     real payload rate of a link, headers and shaping included."""
@@ -87,6 +90,9 @@ def sink(host: str, port: int) -> None:
     import socket
 
     with socket.create_server((host, port)) as server:
+        # The bench starts the controller only after this line: connecting earlier was refused
+        # about one run in five.
+        print(SINK_READY, flush=True)
         conn, _ = server.accept()
         with conn:
             while conn.recv(1 << 20):
