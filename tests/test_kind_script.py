@@ -99,7 +99,8 @@ def test_builds_loads_installs_tests_and_deletes_the_cluster(run_script: Callabl
     assert f"--kubeconfig {kubeconfig}" in create
     assert run.steps("docker")[1:] == [
         "docker build -f operator/Dockerfile -t ckpt-rollout-operator:e2e .",
-        "docker build -f worker_image/Dockerfile --build-arg DEVICE=cpu -t ckpt-rollout-worker:e2e .",
+        "docker build -f worker_image/Dockerfile --build-arg PADDLE=cpu --build-arg MOONCAKE=cpu "
+        "-t ckpt-rollout-worker:e2e .",
     ]
     assert (
         "kind load docker-image --name ckpt-e2e ckpt-rollout-operator:e2e ckpt-rollout-worker:e2e"

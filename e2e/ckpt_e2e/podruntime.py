@@ -43,6 +43,10 @@ class Launch:
     argv: Sequence[str]
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: Path | None = None
+    # For a workload that lives outside the spawned process group (a container: conmon keeps it
+    # when the podman client dies): how to SIGKILL it, and what to remove once it is stopped.
+    kill: Callable[[], None] | None = None
+    cleanup: Callable[[], None] | None = None
 
 
 CommandFactory = Callable[[PodInfo], "Launch | Sequence[str]"]
@@ -54,6 +58,12 @@ class PodProcess:
     proc: subprocess.Popen[bytes]
     log_path: Path
     started_at: float
+    cleanup: Callable[[], None] | None = None
+
+    def stop(self, grace: float) -> None:
+        stop(self.proc, grace)
+        if self.cleanup is not None:
+            self.cleanup()
 
     @property
     def pid(self) -> int:
@@ -135,7 +145,7 @@ class PodRuntime:
             leftovers = list(self._procs.values())
             self._procs.clear()
         for pp in leftovers:  # only if the thread could not finish its own cleanup
-            stop(pp.proc, self._grace)
+            pp.stop(self._grace)
 
     def __enter__(self) -> PodRuntime:
         return self.start()
@@ -240,14 +250,14 @@ class PodRuntime:
         log_path = self.log_dir / f"{info.name}.{info.uid[:8]}.log"
         proc = spawn(launch.argv, log_path, env=env, cwd=launch.cwd)
         with self._lock:
-            self._procs[info.uid] = PodProcess(info, proc, log_path, time.monotonic())
+            self._procs[info.uid] = PodProcess(info, proc, log_path, time.monotonic(), launch.cleanup)
             self._logs[info.name] = log_path
 
     def _stop_pod(self, uid: str) -> None:
         with self._lock:
             pp = self._procs.pop(uid, None)
         if pp is not None:
-            stop(pp.proc, self._grace)
+            pp.stop(self._grace)
 
     def _reap(self) -> None:
         """Note processes that died on their own; they are not restarted (tests look at it)."""
@@ -262,7 +272,7 @@ class PodRuntime:
             procs = list(self._procs.values())
             self._procs.clear()
         for pp in procs:
-            stop(pp.proc, self._grace)
+            pp.stop(self._grace)
 
     def _thread_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()

@@ -185,3 +185,14 @@ def descendants(pid: int) -> set[int]:
                 found.add(child)
                 stack.append(child)
     return found
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (someone else's counts: EPERM means it does)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -173,10 +173,14 @@ def _go_binary_name(pkg: str) -> str:
     return parts[-1]
 
 
-@contextlib.contextmanager
-def _build_lock(component: Component) -> Iterator[None]:
+def _build_lock(component: Component) -> contextlib.AbstractContextManager[None]:
     """Serialize builds of one component across processes (make, CI and pytest may race)."""
-    path = cache_root() / "build" / f"{component.name}-{component.version}.lock"
+    return file_lock(cache_root() / "build" / f"{component.name}-{component.version}.lock")
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive flock on ``path``, held for the block, across processes."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)

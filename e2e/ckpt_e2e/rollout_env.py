@@ -13,7 +13,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +25,7 @@ from ckpt_api.constants import DEFAULT_AGENT_AUDIENCE, GROUP, PLURAL, VERSION
 
 from .catalog import corrupt_tensor as corrupt_tensor  # re-exported: tests damage versions
 from .catalog import publish_version
+from .launchers import Launcher, ProcessLauncher, kubeconfig_files
 from .podruntime import Launch, PodInfo, PodRuntime
 from .procs import free_ports, spawn, stop, wait_for
 
@@ -180,6 +181,9 @@ def agent_flags(
     ]
 
 
+AGENT_PROCESS = ProcessLauncher([*CLI, "agent"])
+
+
 @dataclass
 class AgentOptions:
     source_url: str
@@ -187,19 +191,25 @@ class AgentOptions:
     kubeconfig: Path
     allowed_username: str
     extra_args: list[str] = field(default_factory=list)
+    # Runs each pod's agent: a process of the checkout by default, or e.g. the worker image
+    # (ContainerLauncher, whose entrypoint is the agent); chosen per pod.
+    launcher: Callable[[PodInfo], Launcher] = lambda _pod: AGENT_PROCESS
 
     def launch(self, pod: PodInfo) -> Launch:
+        # What the pod spec's downward API and service account give a real worker container.
         env = {
-            **os.environ,
             "KUBECONFIG": str(self.kubeconfig),
             "POD_NAME": pod.name,
             "POD_NAMESPACE": pod.namespace,
             "POD_IP": pod.ip,
+            "POD_UID": pod.uid,
+            "NODE_NAME": pod.node,
         }
         flags = agent_flags(
             pod.ip, self.source_url, self.initial_version, self.allowed_username, self.extra_args
         )
-        return Launch(argv=[*CLI, "agent", *flags], env=env)
+        name = f"agent-{pod.name}-{pod.uid[:8]}"
+        return self.launcher(pod).launch(flags, name, env, kubeconfig_files(self.kubeconfig))
 
 
 @dataclass
@@ -275,8 +285,12 @@ def update_calls(worker: Worker, token: str, result: str = "accepted") -> float:
 # -- the operator ---------------------------------------------------------------------------
 
 
+OPERATOR_PROCESS = ProcessLauncher([*CLI, "operator"])
+
+
 class OperatorProcess:
-    """`ckpt-rollout operator` as a child process that tests can SIGKILL and restart."""
+    """`ckpt-rollout operator` that tests can SIGKILL and restart: a child process of the
+    checkout by default, or the operator image (``launcher=ContainerLauncher(...)``)."""
 
     def __init__(
         self,
@@ -286,6 +300,7 @@ class OperatorProcess:
         log_dir: Path,
         extra_args: list[str] | None = None,
         name: str = "operator",
+        launcher: Launcher = OPERATOR_PROCESS,
     ) -> None:
         self.extra_args = extra_args or []
         self.name = name
@@ -293,7 +308,9 @@ class OperatorProcess:
         self.namespace = namespace
         self.token_file = token_file
         self.log_dir = log_dir
+        self.launcher = launcher
         self.proc: subprocess.Popen[bytes] | None = None
+        self._launch: Launch | None = None
         self.starts = 0
 
     @property
@@ -303,35 +320,40 @@ class OperatorProcess:
     def start(self) -> OperatorProcess:
         (liveness_port,) = free_ports(1)
         self.liveness_url = f"http://127.0.0.1:{liveness_port}/healthz"
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
-        self.proc = spawn(
-            [
-                *CLI,
-                "operator",
-                "--namespace",
-                self.namespace,
-                "--liveness-host",
-                "127.0.0.1",
-                "--liveness-port",
-                str(liveness_port),
-                "--metrics-port",
-                "0",
-                "--agent-token-file",
-                str(self.token_file),
-                # Short, so a hung agent shows up quickly in tests.
-                "--agent-timeout",
-                "3",
-                *self.extra_args,
-            ],
-            self.log_path,
-            env=env,
-        )
+        args = [
+            "--namespace",
+            self.namespace,
+            "--liveness-host",
+            "127.0.0.1",
+            "--liveness-port",
+            str(liveness_port),
+            "--metrics-port",
+            "0",
+            "--agent-token-file",
+            str(self.token_file),
+            # Short, so a hung agent shows up quickly in tests.
+            "--agent-timeout",
+            "3",
+            *self.extra_args,
+        ]
+        files = [self.token_file, *kubeconfig_files(self.kubeconfig)]
+        launch = self.launcher.launch(args, self.name, {"KUBECONFIG": str(self.kubeconfig)}, files)
+        self._launch = launch
+        self.proc = spawn(launch.argv, self.log_path, env=launch.env)
         self.starts += 1
         proc = self.proc
-        wait_for(lambda: _ok(self.liveness_url) or proc.poll() is not None, 60, "operator liveness endpoint")
-        if proc.poll() is not None:
+
+        def up() -> bool:
+            return _ok(self.liveness_url) or proc.poll() is not None
+
+        try:
+            wait_for(up, 60, "operator liveness endpoint")
+            if proc.poll() is not None:
+                raise RuntimeError(f"operator exited with {proc.returncode} at startup")
+        except (RuntimeError, AssertionError) as exc:
+            self.stop()  # the caller gets no handle to stop it with
             tail = "\n".join(self.log_path.read_text(errors="replace").splitlines()[-20:])
-            raise RuntimeError(f"operator exited with {proc.returncode} at startup; {self.log_path}:\n{tail}")
+            raise RuntimeError(f"{exc}; {self.log_path}:\n{tail}") from exc
         return self
 
     @property
@@ -341,12 +363,22 @@ class OperatorProcess:
     def kill(self) -> None:
         """SIGKILL: no cleanup, no final status write — what a node failure looks like."""
         assert self.proc is not None
-        os.killpg(self.proc.pid, signal.SIGKILL)
+        assert self._launch is not None
+        if self._launch.kill is not None:
+            self._launch.kill()
+        else:
+            os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+        self._cleanup()
 
     def stop(self) -> None:
         if self.proc is not None:
             stop(self.proc)
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        if self._launch is not None and self._launch.cleanup is not None:
+            self._launch.cleanup()
 
 
 # -- the CR ---------------------------------------------------------------------------------

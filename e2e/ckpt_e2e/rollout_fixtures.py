@@ -15,7 +15,8 @@ from .catalog import build as build_catalog
 from .catalog import model_flags
 from .fixtures import ClusterHandle, PodRuntimeFactory
 from .kubectl import Kubectl
-from .podruntime import PodRuntime
+from .launchers import Launcher
+from .podruntime import PodInfo, PodRuntime
 from .rollout_env import (
     WORKER_LABEL,
     AgentOptions,
@@ -115,7 +116,8 @@ def fleet_factory(
     operator_identity: tuple[str, Path],
 ) -> Callable[..., Fleet]:
     """``fleet_factory(replicas)`` -> a worker Deployment whose pods run real paddle agents
-    starting on v1; waits until every agent answers."""
+    starting on v1 (processes, or what ``agent_launcher(pod)`` picks, e.g. the worker image);
+    waits until every agent answers."""
 
     def make(
         replicas: int,
@@ -123,6 +125,7 @@ def fleet_factory(
         initial_version: str = "v1",
         big: bool = False,
         extra_args: list[str] | None = None,
+        agent_launcher: Callable[[PodInfo], Launcher] | None = None,
     ) -> Fleet:
         labels = {"app": WORKER_LABEL, "fleet": name}
         kubectl.apply(worker_deployment(name, replicas, labels))
@@ -133,6 +136,8 @@ def fleet_factory(
             allowed_username=operator_identity[0],
             extra_args=[*(extra_args or []), *model_flags(big)],
         )
+        if agent_launcher is not None:
+            options.launcher = agent_launcher
         runtime = pod_runtime(f"app={WORKER_LABEL},fleet={name}", options.launch)
         token = operator_identity[1].read_text()
         fleet = Fleet(name, labels, runtime, token, kubectl)

@@ -75,7 +75,7 @@ trap cleanup EXIT
 
 say "building $OPERATOR_IMAGE and $WORKER_IMAGE (CPU paddle)"
 docker build -f operator/Dockerfile -t "$OPERATOR_IMAGE" .
-docker build -f worker_image/Dockerfile --build-arg DEVICE=cpu -t "$WORKER_IMAGE" .
+docker build -f worker_image/Dockerfile --build-arg PADDLE=cpu --build-arg MOONCAKE=cpu -t "$WORKER_IMAGE" .
 kind load docker-image --name "$CLUSTER_NAME" "$OPERATOR_IMAGE" "$WORKER_IMAGE"
 
 say "helm chart (README's install, with e2e/kind/values.yaml)"

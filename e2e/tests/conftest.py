@@ -1,6 +1,7 @@
 """Integration tests on a real control plane; fixtures come from the ckpt_e2e plugin."""
 
 from ckpt_e2e.fixtures import cluster, k8s_api, kubectl, namespace, pod_runtime
+from ckpt_e2e.image_fixtures import built_images, pytest_terminal_summary
 from ckpt_e2e.providers import provider, scenario_catalog
 from ckpt_e2e.rollout_fixtures import (
     checkpoint_source,
@@ -12,6 +13,7 @@ from ckpt_e2e.rollout_fixtures import (
 )
 
 __all__ = [
+    "built_images",
     "checkpoint_source",
     "cluster",
     "crd_installed",
@@ -23,6 +25,7 @@ __all__ = [
     "operator_identity",
     "pod_runtime",
     "provider",
+    "pytest_terminal_summary",
     "rollouts",
     "scenario_catalog",
 ]

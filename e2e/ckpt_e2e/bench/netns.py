@@ -16,6 +16,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+from ckpt_e2e.procs import pid_alive
+
 NS_PREFIX = "ckfleet"
 _OWNED = re.compile(rf"^{NS_PREFIX}(\d+)-")
 
@@ -45,22 +47,12 @@ def _list_namespaces() -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep_stale() -> list[str]:
     """Delete namespaces left by bench runs whose process is gone (a SIGKILLed run)."""
     removed = []
     for ns in _list_namespaces():
         match = _OWNED.match(ns)
-        if match and not _pid_alive(int(match.group(1))):
+        if match and not pid_alive(int(match.group(1))):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
             removed.append(ns)
     return removed
