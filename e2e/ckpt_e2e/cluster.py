@@ -25,6 +25,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import TextIO
 
+from ckpt_api.vocabulary import ConditionStatus, KubeConditionType
+
 from . import versions
 from .kubeapi import ApiError, KubeAPI
 from .kwok_stages import stages_yaml
@@ -339,7 +341,7 @@ class LocalCluster:
 
         def nodes_ready() -> bool:
             items = api.request("GET", "/api/v1/nodes")["items"]
-            ready = [n for n in items if _condition(n, "Ready") == "True"]
+            ready = [n for n in items if _condition(n, KubeConditionType.READY) == ConditionStatus.TRUE]
             return len(ready) == self.options.nodes
 
         self._wait(by_name["kwok"], nodes_ready, f"{self.options.nodes} kwok nodes Ready")

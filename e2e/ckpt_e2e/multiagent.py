@@ -36,6 +36,7 @@ from ckpt_agent.metrics import AgentMetrics
 from ckpt_agent.reporting import DisabledReporter, KubeReporter, StatusReporter
 from ckpt_agent.service import AgentService
 from ckpt_api.constants import DEFAULT_AGENT_PORT
+from ckpt_api.vocabulary import LoadResult, WorkerPhase
 
 log = logging.getLogger(__name__)
 
@@ -159,12 +160,12 @@ class MultiAgentHost:
             versions[service.live.version if service.live else ""] += 1
             last = service.reporter.describe().get("last") or {}
             wave = last.get("wave")
-            if last.get("phase") == "Updated" and isinstance(wave, int):
+            if last.get("phase") == WorkerPhase.UPDATED and isinstance(wave, int):
                 slowest[wave] = max(slowest.get(wave, 0.0), float(last.get("seconds") or 0.0))
         return {
             "agents": len(self.agents),
             "versions": dict(versions),
-            "loads": sum(a.service.updates["succeeded"] for a in self.agents.values()),
+            "loads": sum(a.service.updates[LoadResult.SUCCEEDED] for a in self.agents.values()),
             "slowest_load_s_by_wave": {str(k): v for k, v in sorted(slowest.items())},
             "api_requests": dict(self.api.requests) if self.api else {},
         }

@@ -23,6 +23,8 @@ from typing import Any
 
 from kubernetes import client
 
+from ckpt_api.vocabulary import PodPhase
+
 from .multiagent import HostedPod, write_pods
 from .procs import spawn, stop, wait_for
 from .rollout_env import http_json, worker_deployment
@@ -102,7 +104,7 @@ class NullFleet:
         pods = [
             HostedPod(p["metadata"]["name"], self.namespace, p["status"]["podIP"])
             for p in items
-            if p.get("status", {}).get("phase") == "Running"
+            if p.get("status", {}).get("phase") == PodPhase.RUNNING
             and p["status"].get("podIP")
             and not p["metadata"].get("deletionTimestamp")
         ]

@@ -23,6 +23,8 @@ from typing import Any
 
 from kubernetes import client
 
+from ckpt_api.vocabulary import PodPhase
+
 from .procs import spawn, stop, wait_for
 
 log = logging.getLogger(__name__)
@@ -77,7 +79,7 @@ class PodProcess:
 def _pod_info(pod: dict[str, Any]) -> PodInfo | None:
     """The pod if it should have a process now: Running, has an IP, not being deleted."""
     meta, status = pod.get("metadata", {}), pod.get("status", {})
-    if meta.get("deletionTimestamp") or status.get("phase") != "Running":
+    if meta.get("deletionTimestamp") or status.get("phase") != PodPhase.RUNNING:
         return None
     if not status.get("podIP"):
         return None

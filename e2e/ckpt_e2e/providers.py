@@ -37,6 +37,15 @@ from typing import Any, ClassVar, Protocol
 import pytest
 import yaml
 
+from ckpt_api.vocabulary import (
+    COMPONENT_LABEL,
+    INSTANCE_LABEL,
+    AgentState,
+    ConditionStatus,
+    KubeConditionType,
+    PodPhase,
+)
+
 from .catalog import build as build_catalog
 from .catalog import model_flags
 from .fixtures import ClusterHandle
@@ -122,7 +131,7 @@ class Provider(ABC):
         fleet = self._start_fleet(replicas, name, initial_version, [*(extra_args or []), *model_flags(big)])
 
         def at_rest() -> bool:
-            return all(agent_state(w, fleet.token) == "idle" for w in fleet.workers(replicas))
+            return all(agent_state(w, fleet.token) == AgentState.IDLE for w in fleet.workers(replicas))
 
         wait_for(at_rest, 120, f"{replicas} agents done loading {initial_version}", interval=0.2)
         return fleet
@@ -253,7 +262,7 @@ class ExistingSettings:
 
     @property
     def operator_selector(self) -> str:
-        return f"app.kubernetes.io/instance={self.operator_release},app.kubernetes.io/component=operator"
+        return f"{INSTANCE_LABEL}={self.operator_release},{COMPONENT_LABEL}=operator"
 
 
 def worker_pod_deployment(
@@ -330,7 +339,7 @@ class ExistingFleet:
             running = [
                 p
                 for p in pods
-                if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+                if p["status"].get("phase") == PodPhase.RUNNING and not p["metadata"].get("deletionTimestamp")
             ]
             if len(running) != count:
                 return None
@@ -394,7 +403,7 @@ def delete_worker_rbac(kubectl: Kubectl, release: str) -> None:
         "delete",
         "clusterrole,clusterrolebinding",
         "-l",
-        f"app.kubernetes.io/instance={release}",
+        f"{INSTANCE_LABEL}={release}",
         "--ignore-not-found",
         check=False,
     )
@@ -465,7 +474,7 @@ class ExistingProvider(Provider):
         def fresh_ready() -> bool:
             for pod in self._operator_pods():
                 ready = any(
-                    c["type"] == "Ready" and c["status"] == "True"
+                    c["type"] == KubeConditionType.READY and c["status"] == ConditionStatus.TRUE
                     for c in pod["status"].get("conditions", [])
                 )
                 if pod["metadata"]["name"] not in self._killed and ready:

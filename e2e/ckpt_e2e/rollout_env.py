@@ -22,6 +22,7 @@ from typing import Any
 from kubernetes import client
 
 from ckpt_api.constants import DEFAULT_AGENT_AUDIENCE, GROUP, PLURAL, VERSION
+from ckpt_api.vocabulary import WEIGHTS_READY_CONDITION, UpdateResult
 
 from .catalog import corrupt_tensor as corrupt_tensor  # re-exported: tests damage versions
 from .catalog import publish_version
@@ -145,7 +146,7 @@ def worker_deployment(name: str, replicas: int, labels: dict[str, str]) -> dict[
                 "metadata": {"labels": labels},
                 "spec": {
                     "containers": [{"name": "worker", "image": "ckpt-rollout-worker:dev"}],
-                    "readinessGates": [{"conditionType": f"{GROUP}/WeightsReady"}],
+                    "readinessGates": [{"conditionType": WEIGHTS_READY_CONDITION}],
                 },
             },
         },
@@ -274,7 +275,7 @@ def agent_state(worker: Worker, token: str) -> str | None:
         return None
 
 
-def update_calls(worker: Worker, token: str, result: str = "accepted") -> float:
+def update_calls(worker: Worker, token: str, result: str = UpdateResult.ACCEPTED) -> float:
     return metric_value(
         http_text(worker.url("/metrics"), token=token),
         "ckpt_agent_update_requests_total",

@@ -25,12 +25,12 @@ from typing import Any
 import pytest
 import yaml
 
+from ckpt_api.vocabulary import LEASE_NAME
 from ckpt_e2e.fixtures import ClusterHandle
 from ckpt_e2e.kubectl import Kubectl
 from ckpt_e2e.procs import wait_for
 from ckpt_e2e.provision import resolve
 from ckpt_e2e.versions import KUBERNETES
-from ckpt_rollout.leader import LEASE_NAME
 
 pytestmark = pytest.mark.integration
 

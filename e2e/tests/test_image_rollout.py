@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_api.status import WavePhase
+from ckpt_api.vocabulary import WavePhase
 from ckpt_e2e import images
 from ckpt_e2e.fixtures import ClusterHandle
 from ckpt_e2e.images import Built

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from kubernetes import client
 
-from ckpt_api.constants import WEIGHTS_READY_CONDITION
+from ckpt_api.vocabulary import WEIGHTS_READY_CONDITION
 from ckpt_e2e.multiagent import HostedPod, MultiAgentHost, request_kind
 from ckpt_e2e.nullfleet import NullFleet
 from ckpt_e2e.procs import free_ports, wait_for

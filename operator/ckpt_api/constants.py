@@ -1,4 +1,5 @@
-"""Names shared by the operator, the agent and the generated CRD."""
+"""The API's identity, patterns and defaults, shared by the operator, the agent and the generated
+CRD. Words written into objects (phases, reasons, annotations, ...) are in ckpt_api.vocabulary."""
 
 GROUP = "rollout.ckpt.dev"
 VERSION = "v1alpha1"
@@ -8,10 +9,6 @@ PLURAL = "checkpointrollouts"
 SINGULAR = "checkpointrollout"
 SHORT_NAMES = ["ckr"]
 CRD_NAME = f"{PLURAL}.{GROUP}"
-
-# Pod condition the agent sets; usable as a readiness gate so a pod serving stale or
-# half-loaded weights is never Ready.
-WEIGHTS_READY_CONDITION = f"{GROUP}/WeightsReady"
 
 DEFAULT_AGENT_PORT = 8089
 # Audience of the projected token the operator presents to agents: a token minted for the

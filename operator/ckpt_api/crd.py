@@ -97,8 +97,6 @@ def _status_schema() -> Schema:
     props = schema["properties"]
     props["conditions"]["x-kubernetes-list-type"] = "map"
     props["conditions"]["x-kubernetes-list-map-keys"] = ["type"]
-    # A compact "2/3" for `kubectl get`; ints alone can't say "of how many".
-    props["waveProgress"] = {"type": "string"}
     return schema
 
 

@@ -1,43 +1,11 @@
 """CheckpointRollout status: what users, kubectl, kstatus and a restarted operator read."""
 
-from enum import StrEnum
 from typing import Annotated
 
 from pydantic import ConfigDict, Field
 
 from ckpt_api.base import ApiModel
-
-
-class Phase(StrEnum):
-    PENDING = "Pending"
-    PROGRESSING = "Progressing"
-    PAUSED = "Paused"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-    ROLLING_BACK = "RollingBack"
-    ROLLED_BACK = "RolledBack"
-
-
-TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED, Phase.ROLLED_BACK})
-
-
-class WorkerPhase(StrEnum):
-    PENDING = "Pending"
-    LOADING = "Loading"
-    UPDATED = "Updated"
-    FAILED = "Failed"
-
-
-class WavePhase(StrEnum):
-    RUNNING = "Running"
-    COMPLETED = "Completed"
-    FAILED = "Failed"
-
-
-class ConditionStatus(StrEnum):
-    TRUE = "True"
-    FALSE = "False"
-    UNKNOWN = "Unknown"
+from ckpt_api.vocabulary import ConditionStatus, Phase, WaveKind, WavePhase, WorkerPhase
 
 
 class Condition(ApiModel):
@@ -62,14 +30,15 @@ class WorkerStatus(ApiModel):
     bytes: Annotated[int | None, Field(ge=0)] = None
     seconds: Annotated[float | None, Field(ge=0)] = None
     last_transition_time: str | None = None
-    wave: Annotated[int | None, Field(ge=0)] = None
-    uid: str | None = None
-
-
-class WaveKind(StrEnum):
-    SPEC = "Spec"  # one of spec.strategy.waves
-    CATCH_UP = "CatchUp"  # pods a superseded rollout had already updated
-    DRIFT = "Drift"  # pods that appeared after the rollout covered the fleet
+    live_version: Annotated[
+        str | None,
+        Field(description="What the pod serves now: after a failed load, still the previous version"),
+    ] = None
+    wave: Annotated[
+        int | None,
+        Field(ge=0, description="Index in status.waves of the call; one past the last: the rollback"),
+    ] = None
+    uid: Annotated[str | None, Field(description="UID of the CheckpointRollout that made the call")] = None
 
 
 class WaveStatus(ApiModel):
@@ -116,6 +85,9 @@ class CheckpointRolloutStatus(ApiModel):
     replicas: int | None = None
     updated_replicas: int | None = None
     failed_replicas: int | None = None
+    wave_progress: Annotated[
+        str | None, Field(description='Spec waves completed of all, e.g. "2/3" (for kubectl get)')
+    ] = None
     rolled_back_replicas: int | None = None
     conditions: list[Condition] = []
     workers: dict[str, WorkerStatus] = {}

@@ -1,4 +1,5 @@
-"""HTTP calls from the operator to worker agents (FastDeploy-style control API)."""
+"""HTTP calls from the operator to worker agents (FastDeploy-style control API), built and read
+with the agent's own wire models (ckpt_api.agent_api)."""
 
 import asyncio
 import os
@@ -6,6 +7,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+from pydantic import ValidationError
+
+from ckpt_api.agent_api import AgentStatus, ErrorBody, UpdateWeightsRequest
+
+
+def agent_url(ip: str, port: int) -> str:
+    """http://ip:port, with an IPv6 pod IP in brackets (unbracketed, its colons read as a port)."""
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{port}"
 
 
 class TokenFile:
@@ -37,6 +47,8 @@ class CallResult:
     # False when no connection could be made: the request surely never reached the agent
     # (nothing listens yet, e.g. a new pod whose agent is still starting).
     connected: bool = True
+    # `status()` only: the parsed body of a 200.
+    agent_status: AgentStatus | None = None
 
     @property
     def accepted(self) -> bool:
@@ -45,6 +57,13 @@ class CallResult:
     @property
     def busy(self) -> bool:
         return self.status == 409
+
+    def error_body(self) -> ErrorBody | None:
+        """The agent's error body, if the answer is one (a proxy's or a non-agent's is not)."""
+        try:
+            return ErrorBody.model_validate(self.body)
+        except ValidationError:
+            return None
 
 
 class AgentClient:
@@ -96,8 +115,16 @@ class AgentClient:
                 return CallResult(0, {}, f"{type(exc).__name__}: {exc}")
         return CallResult(0, {}, last_error or "unreachable", connected=False)
 
-    async def update_weights(self, ip: str, port: int, body: dict[str, Any]) -> CallResult:
-        return await self._call("POST", f"http://{ip}:{port}/v1/update_weights", body)
+    async def update_weights(self, ip: str, port: int, request: UpdateWeightsRequest) -> CallResult:
+        return await self._call("POST", f"{agent_url(ip, port)}/v1/update_weights", request.to_wire())
 
     async def status(self, ip: str, port: int) -> CallResult:
-        return await self._call("GET", f"http://{ip}:{port}/v1/status", None)
+        result = await self._call("GET", f"{agent_url(ip, port)}/v1/status", None)
+        if result.status != 200:
+            return result
+        try:
+            parsed = AgentStatus.model_validate(result.body)
+        except ValidationError as exc:
+            # Not an answer to go by: the same as no answer (the worker timeout decides).
+            return CallResult(0, result.body, f"invalid /v1/status body: {exc}"[:500])
+        return CallResult(result.status, result.body, agent_status=parsed)

@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from ckpt_api.constants import GROUP, PLURAL, VERSION
-from ckpt_rollout.rollout import ABORT_ANNOTATION, PROMOTE_ANNOTATION
+from ckpt_api.vocabulary import ABORT_ANNOTATION, PROMOTE_ANNOTATION
 from ckpt_rollout.views import progress_line, status_table, watch_exit_code
 
 

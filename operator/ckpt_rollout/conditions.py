@@ -1,16 +1,14 @@
 """Status evaluation: phase + progress -> conditions (metav1.Condition), pure and table-tested.
 
-Vocabulary follows Deployment/Argo (Progressing, Complete, Failed, Paused) plus kstatus
-(Ready, Reconciling, Stalled) so `kubectl wait`, Argo CD and Flux health checks all work."""
+The condition types (ckpt_api.vocabulary.ConditionType) follow Deployment/Argo plus kstatus, so
+`kubectl wait`, Argo CD and Flux health checks all work."""
 
 from dataclasses import dataclass
 from typing import Any
 
-from ckpt_api.status import Phase
+from ckpt_api.vocabulary import ConditionStatus, ConditionType, Phase, RolloutReason
 
 Condition = dict[str, Any]
-
-CONDITION_TYPES = ("Progressing", "Complete", "Failed", "Paused", "Ready", "Reconciling", "Stalled")
 
 
 @dataclass(frozen=True)
@@ -21,69 +19,69 @@ class Verdict:
     stalled: bool = False  # blocked by something only a user can fix (e.g. SelectorConflict)
 
 
-def _table(v: Verdict) -> dict[str, tuple[bool, str]]:
+def _table(v: Verdict) -> dict[ConditionType, tuple[bool, str]]:
     """Condition type -> (status, reason) for a verdict."""
     r = v.reason
     p = v.phase
     if v.stalled:
         return {
-            "Progressing": (False, r),
-            "Complete": (False, r),
-            "Failed": (False, r),
-            "Paused": (False, r),
-            "Ready": (False, r),
-            "Reconciling": (False, r),
-            "Stalled": (True, r),
+            ConditionType.PROGRESSING: (False, r),
+            ConditionType.COMPLETE: (False, r),
+            ConditionType.FAILED: (False, r),
+            ConditionType.PAUSED: (False, r),
+            ConditionType.READY: (False, r),
+            ConditionType.RECONCILING: (False, r),
+            ConditionType.STALLED: (True, r),
         }
     if p in (Phase.PENDING, Phase.PROGRESSING):
         return {
-            "Progressing": (True, r),
-            "Complete": (False, r),
-            "Failed": (False, r),
-            "Paused": (False, r),
-            "Ready": (False, r),
-            "Reconciling": (True, r),
-            "Stalled": (False, r),
+            ConditionType.PROGRESSING: (True, r),
+            ConditionType.COMPLETE: (False, r),
+            ConditionType.FAILED: (False, r),
+            ConditionType.PAUSED: (False, r),
+            ConditionType.READY: (False, r),
+            ConditionType.RECONCILING: (True, r),
+            ConditionType.STALLED: (False, r),
         }
     if p is Phase.PAUSED:
         return {
-            "Progressing": (True, "RolloutPaused"),
-            "Complete": (False, r),
-            "Failed": (False, r),
-            "Paused": (True, r),
-            "Ready": (False, r),
-            "Reconciling": (True, r),
-            "Stalled": (False, r),
+            ConditionType.PROGRESSING: (True, RolloutReason.ROLLOUT_PAUSED),
+            ConditionType.COMPLETE: (False, r),
+            ConditionType.FAILED: (False, r),
+            ConditionType.PAUSED: (True, r),
+            ConditionType.READY: (False, r),
+            ConditionType.RECONCILING: (True, r),
+            ConditionType.STALLED: (False, r),
         }
     if p is Phase.SUCCEEDED:
         return {
-            "Progressing": (False, "RolloutCompleted"),
-            "Complete": (True, r),
-            "Failed": (False, r),
-            "Paused": (False, r),
-            "Ready": (True, r),
-            "Reconciling": (False, r),
-            "Stalled": (False, r),
+            ConditionType.PROGRESSING: (False, RolloutReason.ROLLOUT_COMPLETED),
+            ConditionType.COMPLETE: (True, r),
+            ConditionType.FAILED: (False, r),
+            ConditionType.PAUSED: (False, r),
+            ConditionType.READY: (True, r),
+            ConditionType.RECONCILING: (False, r),
+            ConditionType.STALLED: (False, r),
         }
     if p is Phase.ROLLING_BACK:
         return {
-            "Progressing": (True, "RollingBack"),
-            "Complete": (False, r),
-            "Failed": (True, r),
-            "Paused": (False, r),
-            "Ready": (False, r),
-            "Reconciling": (True, r),
-            "Stalled": (False, r),
+            ConditionType.PROGRESSING: (True, RolloutReason.ROLLING_BACK),
+            ConditionType.COMPLETE: (False, r),
+            ConditionType.FAILED: (True, r),
+            ConditionType.PAUSED: (False, r),
+            ConditionType.READY: (False, r),
+            ConditionType.RECONCILING: (True, r),
+            ConditionType.STALLED: (False, r),
         }
     # Failed and RolledBack: the desired version is not live and won't be without a change.
     return {
-        "Progressing": (False, r),
-        "Complete": (False, r),
-        "Failed": (True, r),
-        "Paused": (False, r),
-        "Ready": (False, r),
-        "Reconciling": (False, r),
-        "Stalled": (True, r),
+        ConditionType.PROGRESSING: (False, r),
+        ConditionType.COMPLETE: (False, r),
+        ConditionType.FAILED: (True, r),
+        ConditionType.PAUSED: (False, r),
+        ConditionType.READY: (False, r),
+        ConditionType.RECONCILING: (False, r),
+        ConditionType.STALLED: (True, r),
     }
 
 
@@ -98,7 +96,7 @@ def set_condition(
     generation: int | None,
 ) -> list[Condition]:
     """Upsert one condition; lastTransitionTime moves only when the status flips."""
-    wanted = "True" if status else "False"
+    wanted = ConditionStatus.TRUE if status else ConditionStatus.FALSE
     out: list[Condition] = []
     found = False
     for cond in conditions:
@@ -145,5 +143,5 @@ def evaluate_conditions(
             now=now,
             generation=generation,
         )
-    order = {t: i for i, t in enumerate(CONDITION_TYPES)}
+    order: dict[str, int] = {t: i for i, t in enumerate(ConditionType)}
     return sorted(conditions, key=lambda c: order.get(c["type"], len(order)))

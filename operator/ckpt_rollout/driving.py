@@ -9,10 +9,21 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from ckpt_api.agent_api import RolloutRef, SourceRef, UpdateWeightsRequest
 from ckpt_api.spec import CheckpointRolloutSpec
-from ckpt_api.status import Phase, WaveKind, WavePhase
+from ckpt_api.status import WorkerStatus
+from ckpt_api.vocabulary import (
+    EventReason,
+    EventType,
+    Phase,
+    WaveKind,
+    WavePhase,
+    WorkerPhase,
+    WorkerReason,
+    WorkerResult,
+)
 from ckpt_rollout import metrics
-from ckpt_rollout.agent_client import AgentClient, CallResult
+from ckpt_rollout.agent_client import AgentClient, CallResult, agent_url
 from ckpt_rollout.conditions import Verdict, evaluate_conditions
 from ckpt_rollout.kube import RolloutApi
 from ckpt_rollout.mergepatch import apply_merge_patch
@@ -134,9 +145,11 @@ class StepBase:
         updated = sum(w.get("updated", 0) for w in done) + sum(
             1
             for name, e in workers.items()
-            if name in running and e.get("version") == target and e.get("phase") == "Updated"
+            if name in running and e.get("version") == target and e.get("phase") == WorkerPhase.UPDATED
         )
-        failed = sum(1 for e in workers.values() if e.get("version") == target and e.get("phase") == "Failed")
+        failed = sum(
+            1 for e in workers.values() if e.get("version") == target and e.get("phase") == WorkerPhase.FAILED
+        )
         spec_done = sum(1 for w in done if w.get("kind", WaveKind.SPEC) == WaveKind.SPEC)
         derived: dict[str, Any] = {
             "observedGeneration": self.meta.get("generation"),
@@ -164,22 +177,21 @@ class StepBase:
 
     # -- driving pods to a version -----------------------------------------------------------
 
-    def request(self, version: str, wave: int, *, report: bool = True) -> dict[str, Any]:
-        source: dict[str, Any] = {"uri": self.spec.source.uri}
-        if self.spec.source.manifest_digest and version == self.spec.version:
-            source["manifestDigest"] = self.spec.source.manifest_digest
-        return {
-            "version": version,
-            "verify_checksum": self.spec.verify_checksum,
-            "source": source,
-            "rollout": {
-                "namespace": self.meta["namespace"],
-                "name": self.meta["name"],
-                "uid": self.meta.get("uid", ""),
-                "wave": wave,
-                "report": report,
-            },
-        }
+    def request(self, version: str, wave: int, *, report: bool = True) -> UpdateWeightsRequest:
+        # The pin is the spec version's: a rollback's previous version has its own manifest.
+        pin = self.spec.source.manifest_digest if version == self.spec.version else None
+        return UpdateWeightsRequest(
+            version=version,
+            verify_checksum=self.spec.verify_checksum,
+            source=SourceRef(uri=self.spec.source.uri, manifestDigest=pin),
+            rollout=RolloutRef(
+                namespace=self.meta["namespace"],
+                name=self.meta["name"],
+                uid=self.meta["uid"],
+                wave=wave,
+                report=report,
+            ),
+        )
 
     async def drive(
         self,
@@ -257,7 +269,9 @@ class StepBase:
             if w.get("phase") == WavePhase.COMPLETED
             for p in w.get("pods", [])
         }
-        return sorted(p for p in done if p in self.pods and (workers.get(p) or {}).get("phase") != "Failed")
+        return sorted(
+            p for p in done if p in self.pods and (workers.get(p) or {}).get("phase") != WorkerPhase.FAILED
+        )
 
     async def call(self, pods: list[str], version: str, wave: int) -> None:
         body = self.request(version, wave, report=not self.pulling)
@@ -265,13 +279,17 @@ class StepBase:
         sem = asyncio.Semaphore(self.spec.strategy.max_concurrency)
         failures: dict[str, Any] = {}
 
-        def body_for(position: int) -> dict[str, Any]:
-            if not peers:
+        def body_for(position: int) -> UpdateWeightsRequest:
+            if not peers or body.source is None:
                 return body
             # Spread the wave over every updated peer, so relay fan-out doubles each wave.
             peer = self.pods[peers[position % len(peers)]]
-            source = {**body["source"], "peer": f"http://{peer.ip}:{self.spec.agent.port}"}
-            return {**body, "source": source}
+            source = SourceRef(
+                uri=body.source.uri,
+                manifestDigest=body.source.manifest_digest,
+                peer=agent_url(peer.ip, self.spec.agent.port),
+            )
+            return body.model_copy(update={"source": source})
 
         async def one(position: int, name: str) -> None:
             pod = self.pods[name]
@@ -300,19 +318,21 @@ class StepBase:
     @staticmethod
     def describe(result: CallResult) -> tuple[str, str]:
         if result.status == 0:
-            return "AgentUnreachable", result.error
-        reason = str(result.body.get("error") or f"HTTP{result.status}")
-        return reason, str(result.body.get("message") or result.body)
+            return WorkerReason.AGENT_UNREACHABLE, result.error
+        error = result.error_body()
+        if error is not None:
+            return error.error, error.message
+        return f"HTTP{result.status}", str(result.body.get("message") or result.body)
 
     def failure_entry(self, version: str, wave: int, reason: str, message: str) -> dict[str, Any]:
-        return {
-            "version": version,
-            "phase": "Failed",
-            "reason": reason,
-            "message": message[:1000],
-            "lastTransitionTime": self.now,
-            "wave": wave,
-        }
+        return WorkerStatus(
+            version=version,
+            phase=WorkerPhase.FAILED,
+            reason=reason,
+            message=message[:1000],
+            last_transition_time=self.now,
+            wave=wave,
+        ).to_wire()
 
     async def check_waiting(self, waiting: list[str], version: str, wave: int) -> dict[str, Any]:
         """Time out, re-call or pull the waiting workers; returns the status.workers entries
@@ -325,7 +345,10 @@ class StepBase:
             called_at = self.memory.call_times.setdefault(name, now)
             if now - called_at > self.spec.timeouts.worker_seconds:
                 updates[name] = self.failure_entry(
-                    version, wave, "WorkerTimeout", f"no outcome within {self.spec.timeouts.worker_seconds}s"
+                    version,
+                    wave,
+                    WorkerReason.WORKER_TIMEOUT,
+                    f"no outcome within {self.spec.timeouts.worker_seconds}s",
                 )
                 continue
             busy = self.memory.busy_until.get(name)
@@ -358,19 +381,19 @@ class StepBase:
         )
         for name, result in zip(to_pull, pulled, strict=True):
             self.memory.last_pull[name] = now
-            if not result.accepted:
+            if not result.accepted or result.agent_status is None:
                 continue  # unreachable for now: the worker timeout decides
-            outcome, reason, message = pulled_outcome(result.body, target=version)
+            outcome, reason, message = pulled_outcome(result.agent_status, target=version)
             if outcome is Outcome.UPDATED or outcome is Outcome.FAILED:
-                updates[name] = {
-                    "version": version,
-                    "phase": outcome.value,
-                    "reason": reason,
-                    "message": message[:1000],
-                    "checksumVerified": bool(result.body.get("checksum_verified")),
-                    "lastTransitionTime": self.now,
-                    "wave": wave,
-                }
+                updates[name] = WorkerStatus(
+                    version=version,
+                    phase=WorkerPhase.UPDATED if outcome is Outcome.UPDATED else WorkerPhase.FAILED,
+                    reason=reason,
+                    message=message[:1000],
+                    checksum_verified=result.agent_status.checksum_verified,
+                    last_transition_time=self.now,
+                    wave=wave,
+                ).to_wire()
             elif outcome is Outcome.LOST:
                 recall.append(name)
         if recall:
@@ -383,13 +406,15 @@ class StepBase:
             key = f"{name}/{entry.get('version')}"
             if outcome is Outcome.FAILED and key not in self.memory.announced:
                 self.memory.announced.add(key)
-                metrics.WORKERS.labels("failed").inc()
+                metrics.WORKERS.labels(WorkerResult.FAILED).inc()
                 self.emit(
-                    "Warning",
-                    "WorkerFailed",
+                    EventType.WARNING,
+                    EventReason.WORKER_FAILED,
                     f"{name}: {entry.get('reason')}: {entry.get('message', '')}"[:1000],
                 )
 
 
 def _all_updated(updates: dict[str, Any], waiting: list[str]) -> bool:
-    return len(updates) == len(waiting) and all(e.get("phase") == "Updated" for e in updates.values())
+    return len(updates) == len(waiting) and all(
+        e.get("phase") == WorkerPhase.UPDATED for e in updates.values()
+    )

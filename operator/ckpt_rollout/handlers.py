@@ -10,6 +10,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from ckpt_api.constants import GROUP, PLURAL, VERSION
+from ckpt_api.vocabulary import FINALIZER, KOPF_ANNOTATION_PREFIX, KOPF_DIFFBASE_KEY
 from ckpt_rollout import metrics
 from ckpt_rollout.agent_client import AgentClient, TokenFile
 from ckpt_rollout.config import OperatorConfig
@@ -24,10 +25,10 @@ log = logging.getLogger(__name__)
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     config: OperatorConfig = memo.config
     # kopf's own bookkeeping lives under our API group, not kopf.zalando.org.
-    settings.persistence.finalizer = f"{GROUP}/finalizer"
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration"
+        prefix=KOPF_ANNOTATION_PREFIX, key=KOPF_DIFFBASE_KEY
     )
     settings.watching.server_timeout = config.watch_server_timeout_s
     settings.watching.client_timeout = config.watch_server_timeout_s + 30
@@ -110,6 +111,6 @@ async def rollout_loop(
             log.warning("%s/%s: apiserver unreachable (%s), retrying", namespace, name, exc)
             delay = 2.0
         except ValidationError as exc:
-            log.error("%s/%s: spec rejected by the models: %s", namespace, name, exc)
+            log.error("%s/%s: spec or status rejected by the models: %s", namespace, name, exc)
             delay = 10.0
         await stopped.wait(delay)

@@ -13,9 +13,9 @@ from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-log = logging.getLogger(__name__)
+from ckpt_api.vocabulary import LEASE_NAME
 
-LEASE_NAME = "ckpt-rollout-operator"
+log = logging.getLogger(__name__)
 
 
 def _now() -> datetime:

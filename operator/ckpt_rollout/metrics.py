@@ -4,7 +4,7 @@ import contextlib
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from ckpt_api.status import Phase
+from ckpt_api.vocabulary import Phase
 
 ROLLOUT_SECONDS = Histogram(
     "ckpt_rollout_duration_seconds",
@@ -19,7 +19,7 @@ WAVE_SECONDS = Histogram(
 )
 WORKERS = Counter(
     "ckpt_rollout_workers_total", "Worker outcomes seen by the operator", ["result"]
-)  # result: updated | failed | rolled_back
+)  # result: a ckpt_api.vocabulary.WorkerResult
 AGENT_CALL_SECONDS = Histogram(
     "ckpt_rollout_agent_call_seconds",
     "Latency of operator -> agent HTTP calls",

@@ -16,6 +16,7 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from ckpt_api.vocabulary import PodPhase
 from ckpt_rollout.driving import Pod
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ def running_pod(obj: dict[str, Any]) -> Pod | None:
     """The pod if a rollout may call it: Running, with an IP, not being deleted."""
     meta, status = obj.get("metadata") or {}, obj.get("status") or {}
     ip = status.get("podIP")
-    if status.get("phase") != "Running" or not ip or meta.get("deletionTimestamp"):
+    if status.get("phase") != PodPhase.RUNNING or not ip or meta.get("deletionTimestamp"):
         return None
     return Pod(name=meta["name"], ip=ip, labels=dict(meta.get("labels") or {}))
 

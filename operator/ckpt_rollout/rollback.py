@@ -3,14 +3,24 @@ deadline, or abort). A rollback that fails is reported as such, never hidden."""
 
 from typing import Any
 
-from ckpt_api.status import Phase, WavePhase
+from ckpt_api.status import RollbackStatus
+from ckpt_api.vocabulary import (
+    EventReason,
+    EventType,
+    Phase,
+    RolloutReason,
+    WavePhase,
+    WorkerPhase,
+    WorkerReason,
+    WorkerResult,
+)
 from ckpt_rollout import metrics
 from ckpt_rollout.conditions import Verdict
 from ckpt_rollout.driving import StepBase
 from ckpt_rollout.outcomes import Outcome
 
 # Failures after which the worker may still end up on the new version: roll those back too.
-_UNCERTAIN_FAILURES = {"WorkerTimeout", "AgentUnreachable"}
+_UNCERTAIN_FAILURES = frozenset({WorkerReason.WORKER_TIMEOUT, WorkerReason.AGENT_UNREACHABLE})
 
 
 class RollbackMixin(StepBase):
@@ -22,7 +32,7 @@ class RollbackMixin(StepBase):
             entry = workers.get(pod) or {}
             return (
                 entry.get("version") == self.spec.version
-                and entry.get("phase") == "Failed"
+                and entry.get("phase") == WorkerPhase.FAILED
                 and entry.get("reason") not in _UNCERTAIN_FAILURES
             )
 
@@ -36,33 +46,28 @@ class RollbackMixin(StepBase):
                 {"phase": Phase.FAILED, "completedAt": self.now, "message": message},
                 Verdict(Phase.FAILED, reason, message),
             )
-            self.emit("Warning", "RolloutFailed", message)
+            self.emit(EventType.WARNING, EventReason.ROLLOUT_FAILED, message)
             return
         members = self.rollback_members()
         message = f"{message}; rolling {len(members)} workers back to {previous}"
         await self.write(
             {
                 "phase": Phase.ROLLING_BACK,
-                "rollback": {
-                    "version": previous,
-                    "reason": reason,
-                    "pods": members,
-                    "called": [],
-                    "phase": WavePhase.RUNNING,
-                    "startedAt": self.now,
-                },
+                "rollback": RollbackStatus(
+                    version=previous, reason=reason, pods=members, started_at=self.now
+                ).to_wire(),
                 "message": message,
             },
             Verdict(Phase.ROLLING_BACK, reason, message),
         )
-        self.emit("Warning", "RollbackStarted", message)
+        self.emit(EventType.WARNING, EventReason.ROLLBACK_STARTED, message)
 
     async def run_rollback(self) -> float:
         rollback: dict[str, Any] = dict(self.status.get("rollback") or {})
         version = str(rollback.get("version"))
 
         async def persist_called(called: list[str]) -> None:
-            await self.write({"rollback": {**rollback, "called": called}})
+            await self.write({"rollback": _rollback(rollback, called=called)})
 
         outcomes = await self.drive(
             version=version,
@@ -75,21 +80,19 @@ class RollbackMixin(StepBase):
             return self.tuning.poll_s
         failed = sorted(p for p, o in outcomes.items() if o is Outcome.FAILED)
         back = sum(1 for o in outcomes.values() if o is Outcome.UPDATED)
-        metrics.WORKERS.labels("rolled_back").inc(back)
-        reason = str(rollback.get("reason") or "RolledBack")
-        done = {
-            **rollback,
-            "phase": WavePhase.FAILED if failed else WavePhase.COMPLETED,
-            "completedAt": self.now,
-        }
+        metrics.WORKERS.labels(WorkerResult.ROLLED_BACK).inc(back)
+        reason = str(rollback.get("reason") or RolloutReason.ROLLED_BACK)
+        done = _rollback(
+            rollback, phase=WavePhase.FAILED if failed else WavePhase.COMPLETED, completed_at=self.now
+        )
         if failed:
             message = f"rollback to {version} failed on {len(failed)} workers: {', '.join(failed[:10])}"
             await self.write(
                 {"phase": Phase.FAILED, "rollback": done, "completedAt": self.now, "message": message},
-                Verdict(Phase.FAILED, "RollbackFailed", message),
+                Verdict(Phase.FAILED, RolloutReason.ROLLBACK_FAILED, message),
             )
             self.observe_end(Phase.FAILED)
-            self.emit("Warning", "RollbackFailed", message)
+            self.emit(EventType.WARNING, EventReason.ROLLBACK_FAILED, message)
         else:
             message = f"rolled {back} workers back to {version} ({reason})"
             await self.write(
@@ -97,5 +100,12 @@ class RollbackMixin(StepBase):
                 Verdict(Phase.ROLLED_BACK, reason, message),
             )
             self.observe_end(Phase.ROLLED_BACK)
-            self.emit("Warning", "RolledBack", message)
+            self.emit(EventType.WARNING, EventReason.ROLLED_BACK, message)
         return self.tuning.idle_poll_s
+
+
+def _rollback(rollback: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """``rollback`` as status stores it, with ``changes`` (RollbackStatus field names), checked
+    by the model."""
+    current = RollbackStatus.model_validate(rollback).model_dump()
+    return RollbackStatus.model_validate({**current, **changes}).to_wire()

@@ -5,9 +5,21 @@ last one stopped: wave membership and the pods already called are written *befor
 
 from typing import Any
 
-from ckpt_api.constants import GROUP
 from ckpt_api.spec import FailureAction, LabelSelector
-from ckpt_api.status import TERMINAL_PHASES, Phase, WaveKind, WavePhase
+from ckpt_api.status import WaveStatus
+from ckpt_api.vocabulary import (
+    ABORT_ANNOTATION,
+    PROMOTE_ANNOTATION,
+    TERMINAL_PHASES,
+    EventReason,
+    EventType,
+    Phase,
+    RolloutReason,
+    WaveKind,
+    WavePhase,
+    WorkerPhase,
+    WorkerResult,
+)
 from ckpt_rollout import metrics
 from ckpt_rollout.agent_client import AgentClient
 from ckpt_rollout.conditions import Verdict
@@ -17,9 +29,6 @@ from ckpt_rollout.outcomes import Outcome
 from ckpt_rollout.planning import failure_budget, plan_wave
 from ckpt_rollout.rollback import RollbackMixin
 from ckpt_rollout.selectors import selectors_overlap
-
-PROMOTE_ANNOTATION = f"{GROUP}/promote"  # value: the wave index (0-based) promoted past
-ABORT_ANNOTATION = f"{GROUP}/abort"  # value: the version to abort
 
 __all__ = ["Memory", "Peer", "Pod", "Reconciler", "Tuning"]
 
@@ -61,18 +70,19 @@ class _Step(RollbackMixin, StepBase):
             await self.write({})
             return self.tuning.idle_poll_s
         if self.annotations.get(ABORT_ANNOTATION) == self.spec.version:
-            await self.start_rollback("Aborted", "aborted by user")
+            await self.start_rollback(RolloutReason.ABORTED, "aborted by user")
             return 0.0
         if self.deadline_exceeded():
             return await self.fail(
-                "ProgressDeadlineExceeded",
+                RolloutReason.PROGRESS_DEADLINE_EXCEEDED,
                 f"no completion within {self.spec.timeouts.progress_deadline_seconds}s "
                 "(paused time excluded)",
             )
         if not self.pods and not self.status.get("waves"):
             message = "no Running pod with an IP matches the selector"
             await self.write(
-                {"phase": Phase.PENDING, "message": message}, Verdict(Phase.PENDING, "NoWorkers", message)
+                {"phase": Phase.PENDING, "message": message},
+                Verdict(Phase.PENDING, RolloutReason.NO_WORKERS, message),
             )
             return self.tuning.idle_poll_s
         return await self.advance()
@@ -95,10 +105,10 @@ class _Step(RollbackMixin, StepBase):
     async def stall_on_conflict(self, peer: Peer) -> float:
         message = f"selector overlaps CheckpointRollout {peer.name} (older); no pod is driven by two rollouts"
         if self.status.get("message") != message:
-            self.emit("Warning", "SelectorConflict", message)
+            self.emit(EventType.WARNING, EventReason.SELECTOR_CONFLICT, message)
         await self.write(
             {"phase": self.status.get("phase") or Phase.PENDING, "message": message},
-            Verdict(Phase.PENDING, "SelectorConflict", message, stalled=True),
+            Verdict(Phase.PENDING, RolloutReason.SELECTOR_CONFLICT, message, stalled=True),
         )
         return self.tuning.idle_poll_s
 
@@ -122,15 +132,9 @@ class _Step(RollbackMixin, StepBase):
         waves = []
         if catch_up:
             waves.append(
-                {
-                    "index": 0,
-                    "kind": WaveKind.CATCH_UP,
-                    "target": len(catch_up),
-                    "pods": catch_up,
-                    "called": [],
-                    "phase": WavePhase.RUNNING,
-                    "startedAt": self.now,
-                }
+                WaveStatus(
+                    index=0, kind=WaveKind.CATCH_UP, target=len(catch_up), pods=catch_up, started_at=self.now
+                ).to_wire()
             )
         self.memory.reset()
         await self.write(
@@ -148,11 +152,11 @@ class _Step(RollbackMixin, StepBase):
                 "pausedSeconds": 0,
                 "message": message,
             },
-            Verdict(Phase.PROGRESSING, "RolloutStarted", message),
+            Verdict(Phase.PROGRESSING, RolloutReason.ROLLOUT_STARTED, message),
         )
         if superseding:
-            self.emit("Normal", "Superseded", message)
-        self.emit("Normal", "RolloutStarted", message)
+            self.emit(EventType.NORMAL, EventReason.SUPERSEDED, message)
+        self.emit(EventType.NORMAL, EventReason.ROLLOUT_STARTED, message)
 
     def deadline_exceeded(self) -> bool:
         started = parse_time(self.status.get("startedAt"))
@@ -187,18 +191,18 @@ class _Step(RollbackMixin, StepBase):
         if reason and not paused:
             await self.write(
                 {"phase": Phase.PAUSED, "pausedAt": self.now, "message": reason},
-                Verdict(Phase.PAUSED, "RolloutPaused", reason),
+                Verdict(Phase.PAUSED, RolloutReason.ROLLOUT_PAUSED, reason),
             )
-            self.emit("Normal", "Paused", reason)
+            self.emit(EventType.NORMAL, EventReason.PAUSED, reason)
         elif not reason and paused:
             began = parse_time(self.status.get("pausedAt")) or parse_time(self.now) or 0.0
             total = float(self.status.get("pausedSeconds") or 0) + (parse_time(self.now) or began) - began
             message = f"resumed after {total:.0f}s paused"
             await self.write(
                 {"phase": Phase.PROGRESSING, "pausedAt": None, "pausedSeconds": total, "message": message},
-                Verdict(Phase.PROGRESSING, "RolloutResumed", message),
+                Verdict(Phase.PROGRESSING, RolloutReason.ROLLOUT_RESUMED, message),
             )
-            self.emit("Normal", "Resumed", message)
+            self.emit(EventType.NORMAL, EventReason.RESUMED, message)
 
     async def advance(self) -> float:
         waves: list[dict[str, Any]] = list(self.status.get("waves") or [])
@@ -241,44 +245,37 @@ class _Step(RollbackMixin, StepBase):
         if not self.status.get("previousVersion") and members:
             await self.learn_previous_version(members[0])
         total = len(self.spec.strategy.waves)
-        wave = {
-            "index": len(waves),
-            "kind": WaveKind.SPEC,
-            "specIndex": spec_index,
-            "target": len(set(assigned) & set(self.pods)) + len(members),
-            "pods": members,
-            "called": [],
-            "phase": WavePhase.RUNNING,
-            "startedAt": self.now,
-        }
+        wave = WaveStatus(
+            index=len(waves),
+            kind=WaveKind.SPEC,
+            spec_index=spec_index,
+            target=len(set(assigned) & set(self.pods)) + len(members),
+            pods=members,
+            started_at=self.now,
+        ).to_wire()
         message = f"wave {spec_index + 1}/{total}: {len(members)} pods"
         await self.write(
-            {"waves": [*waves, wave], "message": message}, Verdict(Phase.PROGRESSING, "WaveStarted", message)
+            {"waves": [*waves, wave], "message": message},
+            Verdict(Phase.PROGRESSING, RolloutReason.WAVE_STARTED, message),
         )
         shown = ", ".join(members[:5]) + (", ..." if len(members) > 5 else "")
-        self.emit("Normal", "WaveStarted", f"{message}: {shown}")
+        self.emit(EventType.NORMAL, EventReason.WAVE_STARTED, f"{message}: {shown}")
 
     async def add_wave(self, waves: list[dict[str, Any]], kind: WaveKind, pods: list[str], why: str) -> None:
-        wave = {
-            "index": len(waves),
-            "kind": kind,
-            "target": len(pods),
-            "pods": pods,
-            "called": [],
-            "phase": WavePhase.RUNNING,
-            "startedAt": self.now,
-        }
+        wave = WaveStatus(
+            index=len(waves), kind=kind, target=len(pods), pods=pods, started_at=self.now
+        ).to_wire()
         message = f"{why}: bringing them to {self.spec.version}"
         await self.write(
             {"phase": Phase.PROGRESSING, "waves": [*waves, wave], "completedAt": None, "message": message},
-            Verdict(Phase.PROGRESSING, "WaveStarted", message),
+            Verdict(Phase.PROGRESSING, RolloutReason.WAVE_STARTED, message),
         )
-        self.emit("Normal", "WaveStarted", message)
+        self.emit(EventType.NORMAL, EventReason.WAVE_STARTED, message)
 
     async def learn_previous_version(self, pod: str) -> None:
         """First rollout of this CR: ask the canary what it serves, so a rollback has a target."""
         result = await self.agents.status(self.pods[pod].ip, self.spec.agent.port)
-        version = result.body.get("version") if result.accepted else None
+        version = result.agent_status.version if result.agent_status is not None else None
         if version and version != self.spec.version:
             await self.write({"previousVersion": version})
 
@@ -286,7 +283,7 @@ class _Step(RollbackMixin, StepBase):
         wave = dict(waves[index])
 
         async def persist_called(called: list[str]) -> None:
-            waves[index] = {**wave, "called": called}
+            waves[index] = _wave(wave, called=called)
             await self.write({"waves": waves})
 
         outcomes = await self.drive(
@@ -309,37 +306,33 @@ class _Step(RollbackMixin, StepBase):
         failed_total = sum(
             1
             for e in workers.values()
-            if e.get("version") == self.spec.version and e.get("phase") == "Failed"
+            if e.get("version") == self.spec.version and e.get("phase") == WorkerPhase.FAILED
         )
         budget = failure_budget(self.spec.failure_policy.max_failures, len(self.pods))
         if failed_total > budget:
             first = failed_here[0] if failed_here else "?"
             entry = workers.get(first, {})
-            reason = str(entry.get("reason") or "WorkerFailed")
+            reason = str(entry.get("reason") or RolloutReason.WORKER_FAILED)
             message = (
                 f"wave {index + 1}: worker {first} failed ({reason}: {entry.get('message', '')}); "
                 f"{failed_total} failed > budget {budget}"
             )
-            wave = {
-                **waves[index],
-                "phase": WavePhase.FAILED,
-                "completedAt": self.now,
-                "failed": len(failed_here),
-            }
-            waves[index] = wave
+            waves[index] = _wave(
+                waves[index], phase=WavePhase.FAILED, completed_at=self.now, failed=len(failed_here)
+            )
             await self.write({"waves": waves})
             return await self.fail(reason, message)
 
         updated = [p for p, o in outcomes.items() if o is Outcome.UPDATED]
         gone = [p for p, o in outcomes.items() if o is Outcome.GONE]
-        wave = {
-            **waves[index],
-            "phase": WavePhase.COMPLETED,
-            "completedAt": self.now,
-            "updated": len(updated),
-            "failed": len(failed_here),
-            "gone": len(gone),
-        }
+        wave = _wave(
+            waves[index],
+            phase=WavePhase.COMPLETED,
+            completed_at=self.now,
+            updated=len(updated),
+            failed=len(failed_here),
+            gone=len(gone),
+        )
         waves[index] = wave
         # Fold successes into the wave's counter so status stays small for big fleets;
         # failures stay listed for whoever investigates.
@@ -357,12 +350,12 @@ class _Step(RollbackMixin, StepBase):
             message += f", {len(failed_here)} failed (within budget {budget})"
         changes["message"] = message
         await self.write(changes)
-        metrics.WORKERS.labels("updated").inc(len(updated))
+        metrics.WORKERS.labels(WorkerResult.UPDATED).inc(len(updated))
         started = parse_time(wave.get("startedAt"))
         now = parse_time(self.now)
         if started is not None and now is not None:
             metrics.WAVE_SECONDS.observe(now - started)
-        self.emit("Normal", "WaveCompleted", message)
+        self.emit(EventType.NORMAL, EventReason.WAVE_COMPLETED, message)
         return 0.0
 
     async def fail(self, reason: str, message: str) -> float:
@@ -374,7 +367,7 @@ class _Step(RollbackMixin, StepBase):
             Verdict(Phase.FAILED, reason, message),
         )
         self.observe_end(Phase.FAILED)
-        self.emit("Warning", "RolloutFailed", message)
+        self.emit(EventType.WARNING, EventReason.ROLLOUT_FAILED, message)
         return self.tuning.idle_poll_s
 
     async def finish(self) -> float:
@@ -387,10 +380,10 @@ class _Step(RollbackMixin, StepBase):
                 "pausedAt": None,
                 "message": message,
             },
-            Verdict(Phase.SUCCEEDED, "RolloutCompleted", message),
+            Verdict(Phase.SUCCEEDED, RolloutReason.ROLLOUT_COMPLETED, message),
         )
         self.observe_end(Phase.SUCCEEDED)
-        self.emit("Normal", "RolloutCompleted", message)
+        self.emit(EventType.NORMAL, EventReason.ROLLOUT_COMPLETED, message)
         return self.tuning.idle_poll_s
 
     async def correct_drift(self) -> bool:
@@ -399,6 +392,16 @@ class _Step(RollbackMixin, StepBase):
         new = sorted(set(self.pods) - {p for w in waves for p in w.get("pods", [])})
         if not new:
             return False
-        self.emit("Normal", "DriftCorrection", f"{len(new)} new pods: bringing them to {self.spec.version}")
+        self.emit(
+            EventType.NORMAL,
+            EventReason.DRIFT_CORRECTION,
+            f"{len(new)} new pods: bringing them to {self.spec.version}",
+        )
         await self.add_wave(waves, WaveKind.DRIFT, new, f"{len(new)} pods appeared after the rollout")
         return True
+
+
+def _wave(wave: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """``wave`` as status stores it, with ``changes`` (WaveStatus field names), checked by the model."""
+    current = WaveStatus.model_validate(wave).model_dump()
+    return WaveStatus.model_validate({**current, **changes}).to_wire()

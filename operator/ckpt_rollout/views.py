@@ -2,8 +2,7 @@
 
 from typing import Any
 
-TERMINAL_OK = {"Succeeded"}
-TERMINAL_BAD = {"Failed", "RolledBack"}
+from ckpt_api.vocabulary import FAILED_PHASES, Phase
 
 
 def _cell(value: object) -> str:
@@ -81,13 +80,13 @@ def progress_line(obj: dict[str, Any], width: int = 30) -> str:
     updated = status.get("updatedReplicas") or 0
     if status.get("targetVersion") != (obj.get("spec") or {}).get("version"):
         # The operator has not picked the new version up yet: old counters would mislead.
-        status = {"replicas": replicas, "phase": "Pending"}
+        status = {"replicas": replicas, "phase": Phase.PENDING}
         updated = 0
     filled = int(width * updated / replicas) if replicas else 0
     bar = "#" * filled + "." * (width - filled)
     return (
         f"{(obj.get('spec') or {}).get('version')} [{bar}] {updated}/{replicas} updated  "
-        f"wave {status.get('waveProgress') or '-'}  {status.get('phase') or 'Pending'}"
+        f"wave {status.get('waveProgress') or '-'}  {status.get('phase') or Phase.PENDING}"
         + (f"  failed {status['failedReplicas']}" if status.get("failedReplicas") else "")
     )
 
@@ -98,8 +97,8 @@ def watch_exit_code(obj: dict[str, Any]) -> int | None:
     if status.get("targetVersion") != (obj.get("spec") or {}).get("version"):
         return None
     phase = status.get("phase")
-    if phase in TERMINAL_OK:
+    if phase == Phase.SUCCEEDED:
         return 0
-    if phase in TERMINAL_BAD:
+    if phase in FAILED_PHASES:
         return 1
     return None

@@ -12,16 +12,20 @@ from kubernetes_asyncio import client
 
 from ckpt_agent.errors import RequestError
 from ckpt_agent.metrics import AgentMetrics
-from ckpt_agent.report import WorkerEntry
+from ckpt_agent.report import worker_entry
 from ckpt_agent.reporting import KubeReporter
 from ckpt_agent.update_request import RolloutRef, parse_rollout
+from ckpt_api.status import WorkerStatus
+from ckpt_api.vocabulary import WorkerPhase, WorkerReason
 
 REF = {"namespace": "rl", "name": "fleet", "uid": "u", "wave": 1}
 
 
 def test_report_defaults_to_true_and_must_be_a_boolean() -> None:
-    assert parse_rollout(REF) == RolloutRef("rl", "fleet", "u", 1, report=True)
-    assert parse_rollout({**REF, "report": False}) == RolloutRef("rl", "fleet", "u", 1, report=False)
+    assert parse_rollout(REF) == RolloutRef(namespace="rl", name="fleet", uid="u", wave=1, report=True)
+    assert parse_rollout({**REF, "report": False}) == RolloutRef(
+        namespace="rl", name="fleet", uid="u", wave=1, report=False
+    )
     with pytest.raises(RequestError) as err:
         parse_rollout({**REF, "report": "no"})
     assert err.value.field == "rollout.report"
@@ -49,8 +53,20 @@ async def apiserver() -> AsyncIterator[tuple[Any, list[str]]]:
     await runner.cleanup()
 
 
-def _entry() -> WorkerEntry:
-    return WorkerEntry("v2", "Updated", "Loaded", "v2 is live", False, 0, 0.0, "t", "v2", 1, "u")
+def _entry() -> WorkerStatus:
+    return worker_entry(
+        version="v2",
+        phase=WorkerPhase.UPDATED,
+        reason=WorkerReason.LOADED,
+        message="v2 is live",
+        checksum_verified=False,
+        bytes=0,
+        seconds=0.0,
+        last_transition_time="t",
+        live_version="v2",
+        wave=1,
+        uid="u",
+    )
 
 
 async def test_pulled_rollouts_get_no_cr_patch_but_the_pod_condition(
@@ -58,9 +74,9 @@ async def test_pulled_rollouts_get_no_cr_patch_but_the_pod_condition(
 ) -> None:
     api, patched = apiserver
     reporter = KubeReporter(api, "worker-0", "rl", AgentMetrics())
-    reporter.worker_event(RolloutRef("rl", "fleet", "u", 1, report=False), _entry())
+    reporter.worker_event(RolloutRef(**REF, report=False), _entry())
     reporter.weights_ready(True, "Loaded", "serving v2")
-    reporter.worker_event(RolloutRef("rl", "fleet", "u", 1), _entry())
+    reporter.worker_event(RolloutRef(**REF), _entry())
     await reporter.close()  # drains the queue
 
     assert patched == [

@@ -4,22 +4,25 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
+from typing import Any
 
 from ckpt_agent.report import (
     MAX_MESSAGE,
-    WorkerEntry,
     pod_condition_patch,
     rfc3339,
     weights_ready_condition,
+    worker_entry,
     worker_status_patch,
 )
+from ckpt_api.status import WorkerStatus
+from ckpt_api.vocabulary import WorkerPhase, WorkerReason
 
 
-def _entry(**overrides: object) -> WorkerEntry:
-    fields: dict[str, object] = {
+def _entry(**overrides: Any) -> WorkerStatus:
+    fields: dict[str, Any] = {
         "version": "global_step_1200",
-        "phase": "Failed",
-        "reason": "ChecksumMismatch",
+        "phase": WorkerPhase.FAILED,
+        "reason": WorkerReason.CHECKSUM_MISMATCH,
         "message": "tensor 'layers.0.weight' ...",
         "checksum_verified": False,
         "bytes": 1234,
@@ -30,7 +33,7 @@ def _entry(**overrides: object) -> WorkerEntry:
         "uid": "c0ffee",
     }
     fields.update(overrides)
-    return WorkerEntry(**fields)  # type: ignore[arg-type]
+    return worker_entry(**fields)
 
 
 def test_worker_patch_touches_only_this_pods_entry() -> None:
@@ -54,6 +57,12 @@ def test_worker_patch_touches_only_this_pods_entry() -> None:
             }
         }
     }
+
+
+def test_unset_fields_are_written_as_null_to_clear_what_an_earlier_entry_said() -> None:
+    # Weights lost: nothing is live any more, so the Loading entry's liveVersion must go.
+    entry = worker_status_patch("p", _entry(live_version=None, wave=None, uid=None))["status"]["workers"]["p"]
+    assert (entry["liveVersion"], entry["wave"], entry["uid"]) == (None, None, None)
 
 
 def test_long_messages_are_clipped() -> None:

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckpt_agent.errors import RequestError
-from ckpt_agent.update_request import UpdateRequest, parse_update_request
+from ckpt_agent.update_request import parse_update_request
+from ckpt_api.agent_api import UpdateWeightsRequest
 
 GOOD_ROLLOUT = {"namespace": "rl", "name": "fleet", "uid": "u", "wave": 0}
 
@@ -31,7 +32,11 @@ async def client(tree: Tree, agent_factory: AgentFactory) -> AgentClient:
         (b"[1, 2]", "body"),
         (b'"v2"', "body"),
         (b"null", "body"),
+        # Python's json refuses both with errors that are not JSONDecodeError (once a 500).
+        (b"[" * 60_000, "body"),
+        (b'{"version": ' + b"1" * 5000 + b"}", "body"),
     ],
+    ids=["truncated", "not-utf8", "array", "string", "null", "nested-60000-deep", "int-5000-digits"],
 )
 async def test_unparseable_bodies(client: AgentClient, raw: bytes, field: str) -> None:
     code, body = await client.request("POST", "/v1/update_weights", raw=raw)
@@ -125,7 +130,7 @@ _bodies = _json | st.fixed_dictionaries(
 @given(_bodies)
 def test_any_json_body_parses_or_is_a_request_error(body: object) -> None:
     """No body makes the parser raise anything but a RequestError (a 400 naming a field)."""
-    outcome: UpdateRequest | RequestError
+    outcome: UpdateWeightsRequest | RequestError
     try:
         outcome = parse_update_request(body)
     except RequestError as exc:

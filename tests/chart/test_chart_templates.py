@@ -9,7 +9,7 @@ import yaml
 from chart_render import CHART, ROOT, Helm, Obj, Rendered, rule_set
 
 from ckpt_api.crd import build_crd
-from ckpt_rollout.leader import LEASE_NAME
+from ckpt_api.vocabulary import LEASE_NAME
 
 # What the operator calls, exactly (lead's contract in the chart's issue).
 OPERATOR_RULES = {

@@ -9,8 +9,9 @@ import pytest
 import yaml
 from chart_render import CHART, ROOT, Helm, Obj
 
-from ckpt_api.constants import DEFAULT_AGENT_AUDIENCE, DEFAULT_AGENT_PORT, WEIGHTS_READY_CONDITION
+from ckpt_api.constants import DEFAULT_AGENT_AUDIENCE, DEFAULT_AGENT_PORT
 from ckpt_api.spec import CheckpointRolloutSpec
+from ckpt_api.vocabulary import WEIGHTS_READY_CONDITION
 from ckpt_rollout.chart_values import STATIC_NAMESPACE, STATIC_RELEASE, ChartValues
 
 EXAMPLES = ROOT / "examples"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ckpt_api.status import Phase
+from ckpt_api.vocabulary import Phase
 from ckpt_rollout.conditions import Verdict, evaluate_conditions, set_condition
 
 

@@ -4,6 +4,7 @@ from typing import Any
 
 import pytest
 
+from ckpt_api.agent_api import AgentStatus
 from ckpt_rollout.mergepatch import apply_merge_patch
 from ckpt_rollout.outcomes import Outcome, pulled_outcome, reported_outcome
 
@@ -41,11 +42,18 @@ def test_reported_outcome(
             Outcome.FAILED,
         ),
         ({"state": "idle", "version": "v1", "last_error": None}, Outcome.LOST),
-        ({"state": "failed", "version": "v1", "last_error": {"version": "v0", "reason": "X"}}, Outcome.LOST),
+        (
+            {
+                "state": "failed",
+                "version": "v1",
+                "last_error": {"version": "v0", "reason": "X", "message": "m"},
+            },
+            Outcome.LOST,
+        ),
     ],
 )
 def test_pulled_outcome(status: dict[str, Any], expected: Outcome) -> None:
-    outcome, reason, _ = pulled_outcome(status, target="v2")
+    outcome, reason, _ = pulled_outcome(AgentStatus.model_validate(status), target="v2")
     assert outcome is expected
     if expected is Outcome.FAILED:
         assert reason == "ChecksumMismatch"

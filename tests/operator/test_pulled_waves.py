@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from ckpt_api.agent_api import AgentStatus, LastError, UpdateWeightsRequest
 from ckpt_e2e.testdata import VALID_SPEC, VALID_SPEC_DEFAULTS
 from ckpt_rollout.agent_client import CallResult
 from ckpt_rollout.mergepatch import apply_merge_patch
@@ -41,19 +42,22 @@ class FakeAgents:
         self.by_ip = {p.ip: p.name for p in pods}
         self.version = dict.fromkeys(self.by_ip.values(), "v1")
         self.failing = failing
-        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.calls: list[tuple[str, UpdateWeightsRequest]] = []
         self.pulls = 0
         self.pushes = 0
 
-    async def update_weights(self, ip: str, port: int, body: dict[str, Any]) -> CallResult:
+    async def update_weights(self, ip: str, port: int, request: UpdateWeightsRequest) -> CallResult:
         name = self.by_ip[ip]
-        self.calls.append((name, body))
+        # What goes on the wire parses back to the same request on the agent's side.
+        assert UpdateWeightsRequest.model_validate(request.to_wire()) == request
+        self.calls.append((name, request))
         phase = "Failed" if name in self.failing else "Updated"
         if phase == "Updated":
-            self.version[name] = body["version"]
-        if body["rollout"]["report"]:
+            self.version[name] = request.version
+        assert request.rollout is not None
+        if request.rollout.report:
             self.pushes += 1
-            entry = {"version": body["version"], "phase": phase, "reason": "Loaded"}
+            entry = {"version": request.version, "phase": phase, "reason": "Loaded"}
             status = apply_merge_patch(self.api.obj.get("status") or {}, {"workers": {name: entry}})
             self.api.obj = {**self.api.obj, "status": status}
         return CallResult(202, {"accepted": True})
@@ -62,8 +66,9 @@ class FakeAgents:
         self.pulls += 1
         name = self.by_ip[ip]
         failed = name in self.failing
-        error = {"version": TARGET, "reason": "ChecksumMismatch", "message": "bad"} if failed else None
-        return CallResult(200, {"version": self.version[name], "state": "idle", "last_error": error})
+        error = LastError(version=TARGET, reason="ChecksumMismatch", message="bad") if failed else None
+        status = AgentStatus(version=self.version[name], state="idle", last_error=error)
+        return CallResult(200, status.to_wire(), agent_status=status)
 
 
 def _fleet(count: int) -> list[Pod]:
@@ -101,7 +106,7 @@ async def test_big_waves_are_pulled_and_written_in_a_few_patches() -> None:
     assert status["updatedReplicas"] == 1200
     assert status.get("workers", {}) == {}, "pulled successes are folded into the wave counters too"
     assert len(agents.calls) == 1200, "every worker called once"
-    reports = {body["rollout"]["wave"]: body["rollout"]["report"] for _, body in agents.calls}
+    reports = {req.rollout.wave: req.rollout.report for _, req in agents.calls if req.rollout}
     assert reports == {0: True, 1: False, 2: False}, "the canary pushes; the 599/600-pod waves are pulled"
     assert agents.pushes == 1
     assert agents.pulls >= 1199

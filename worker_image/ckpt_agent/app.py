@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -15,6 +16,9 @@ from ckpt_agent.relay.export import RelayExporter
 from ckpt_agent.relay.http import add_relay_routes
 from ckpt_agent.service import AgentService
 from ckpt_agent.update_request import RolloutRef, parse_rollout, parse_update_request
+from ckpt_api.agent_api import ErrorBody, Health, InferResult, PauseState
+from ckpt_api.agent_openapi import OPENAPI_PATH, openapi_document
+from ckpt_api.vocabulary import ErrorCode
 
 log = logging.getLogger(__name__)
 
@@ -25,21 +29,27 @@ MAX_BODY_BYTES = 64 << 10
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def _error(body: ErrorBody, status: int, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response(body.to_wire(), status=status, headers=headers)
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except RequestError as exc:
-        return web.json_response(exc.to_json(), status=exc.status)
+        return _error(exc.body(), exc.status)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return web.json_response({"error": exc.reason, "message": exc.text or exc.reason}, status=exc.status)
+        # 405 must keep its Allow header: clients (and schemathesis) learn the methods from it.
+        kept = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
+        return _error(ErrorBody(error=exc.reason, message=exc.text or exc.reason), exc.status, kept)
     except EngineUnavailable as exc:
-        return web.json_response({"error": "EngineUnavailable", "message": str(exc)}, status=503)
+        return _error(ErrorBody(error=ErrorCode.ENGINE_UNAVAILABLE, message=str(exc)), 503)
     except LoadError as exc:
         # Only engine control calls (pause/resume on a remote engine) get here.
-        return web.json_response({"error": exc.reason, "message": exc.message}, status=502)
+        return _error(ErrorBody(error=exc.reason, message=exc.message), 502)
 
 
 async def _json_body(request: web.Request) -> object:
@@ -48,13 +58,15 @@ async def _json_body(request: web.Request) -> object:
         return {}
     try:
         return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RequestError(f"body is not valid JSON: {exc}", field="body") from None
+    except (ValueError, RecursionError) as exc:
+        # ValueError covers bad UTF-8 and bad JSON, and also integers past Python's 4300-digit
+        # limit; RecursionError: arrays nested thousands deep. Both fit in a 64 KiB body.
+        raise RequestError(f"body is not valid JSON: {str(exc)[:200]}", field="body") from None
 
 
 async def _pause_state(service: AgentService) -> web.Response:
-    paused = await service.engine.is_paused()
-    return web.json_response({"is_paused": paused, "paused_by": service.gate.holders})
+    state = PauseState(is_paused=await service.engine.is_paused(), paused_by=service.gate.holders)
+    return web.json_response(state.to_wire())
 
 
 async def update_weights(request: web.Request) -> web.Response:
@@ -67,7 +79,7 @@ async def update_weights(request: web.Request) -> web.Response:
         service.reject(exc, *_version_and_rollout(body))
         raise
     reply = service.request_update(req, bearer_token(request.headers.get("Authorization")))
-    return web.json_response(reply.body, status=reply.status)
+    return web.json_response(reply.body.to_wire(), status=reply.status)
 
 
 def _version_and_rollout(body: object) -> tuple[object, RolloutRef | None]:
@@ -84,38 +96,34 @@ def _version_and_rollout(body: object) -> tuple[object, RolloutRef | None]:
 async def pause(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     await service.pause()
-    return web.json_response(
-        {"is_paused": await service.engine.is_paused(), "paused_by": service.gate.holders}
-    )
+    return await _pause_state(service)
 
 
 async def resume(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     await service.resume()
-    return web.json_response(
-        {"is_paused": await service.engine.is_paused(), "paused_by": service.gate.holders}
-    )
+    return await _pause_state(service)
 
 
 async def is_paused(request: web.Request) -> web.Response:
-    service = request.app[SERVICE]
-    return web.json_response(
-        {"is_paused": await service.engine.is_paused(), "paused_by": service.gate.holders}
-    )
+    return await _pause_state(request.app[SERVICE])
 
 
 async def status(request: web.Request) -> web.Response:
-    return web.json_response(request.app[SERVICE].status())
+    return web.json_response(request.app[SERVICE].status().to_wire())
 
 
 async def infer(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     if not service.engine.supports_infer:
         raise RequestError(
-            f"engine {service.engine.name} does not serve /v1/infer", reason="NotSupported", status=404
+            f"engine {service.engine.name} does not serve /v1/infer",
+            reason=ErrorCode.NOT_SUPPORTED,
+            status=404,
         )
     output = await service.engine.infer()
-    return web.json_response({"version": service.live.version if service.live else None, "output": output})
+    result = InferResult(version=service.live.version if service.live else None, output=output)
+    return web.json_response(result.to_wire())
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -126,7 +134,18 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"ok": True})
+    return web.json_response(Health(ok=True).to_wire())
+
+
+@functools.cache
+def _openapi_body() -> bytes:
+    # Once per process, on first use: the document depends on the code only, and the harness
+    # runs thousands of agents in one process (6 ms and 19 KB each otherwise).
+    return json.dumps(openapi_document()).encode()
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.Response(body=_openapi_body(), content_type="application/json")
 
 
 def create_app(
@@ -151,6 +170,7 @@ def create_app(
     app.router.add_post("/v1/infer", infer)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get(OPENAPI_PATH, openapi)
     add_relay_routes(app, lambda: service.relay, relay_exporter)
 
     async def on_startup(_app: web.Application) -> None:

@@ -1,4 +1,4 @@
-"""Bearer-token auth for every agent endpoint but `/healthz`.
+"""Bearer-token auth for every agent endpoint but `/healthz` and `/openapi.json`.
 
 Two authenticators: a static token file (outside Kubernetes, or a mounted Secret) and
 TokenReview (the operator's projected service-account token, bound to an audience, from an
@@ -22,9 +22,14 @@ import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from ckpt_api.agent_openapi import OPENAPI_PATH
+from ckpt_api.vocabulary import ErrorCode
+
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/healthz"})
+# The OpenAPI document is public like /healthz: it says what this open source says already, and
+# API tools read it before they hold a token.
+OPEN_PATHS = frozenset({"/healthz", OPENAPI_PATH})
 
 
 @dataclass(frozen=True)
@@ -166,7 +171,7 @@ def auth_middleware(
         if token is None:
             on_reject("missing")
             return web.json_response(
-                {"error": "Unauthorized", "message": "missing bearer token"},
+                {"error": ErrorCode.UNAUTHORIZED, "message": "missing bearer token"},
                 status=401,
                 headers={"WWW-Authenticate": "Bearer"},
             )
@@ -174,7 +179,7 @@ def auth_middleware(
         if not decision.allowed:
             on_reject("forbidden" if decision.status == 403 else "invalid")
             body = {
-                "error": "Forbidden" if decision.status == 403 else "Unauthorized",
+                "error": ErrorCode.FORBIDDEN if decision.status == 403 else ErrorCode.UNAUTHORIZED,
                 "message": decision.reason,
             }
             headers = {"WWW-Authenticate": 'Bearer error="invalid_token"'} if decision.status == 401 else {}

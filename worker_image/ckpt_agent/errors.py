@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
+from ckpt_api.agent_api import ErrorBody
+from ckpt_api.vocabulary import ErrorCode, WorkerReason
 
-
-class Reason(StrEnum):
-    """CamelCase reasons written to `/v1/status`, the CR worker entry and metrics."""
-
-    LOADED = "Loaded"
-    CHECKSUM_MISMATCH = "ChecksumMismatch"
-    INCOMPATIBLE_CHECKPOINT = "IncompatibleCheckpoint"
-    MANIFEST_DIGEST_MISMATCH = "ManifestDigestMismatch"
-    SOURCE_UNREACHABLE = "SourceUnreachable"
-    VERSION_NOT_FOUND = "VersionNotFound"
-    TRUNCATED_SHARD = "TruncatedShard"
-    MANIFEST_TOO_LARGE = "ManifestTooLarge"
-    INVALID_VERSION = "InvalidVersion"
-    INVALID_MANIFEST = "InvalidManifest"
-    ENGINE_ERROR = "EngineError"
-    CANCELLED = "Cancelled"
+# The agent's name for what a LoadError carries; the words live in ckpt_api.vocabulary.
+Reason = WorkerReason
 
 
 class LoadError(Exception):
@@ -40,7 +27,12 @@ class RequestError(Exception):
     """A request the agent refuses before doing anything: answered with a 4xx and a reason."""
 
     def __init__(
-        self, message: str, *, field: str | None = None, reason: str = "InvalidRequest", status: int = 400
+        self,
+        message: str,
+        *,
+        field: str | None = None,
+        reason: str = ErrorCode.INVALID_REQUEST,
+        status: int = 400,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -48,8 +40,5 @@ class RequestError(Exception):
         self.reason = reason
         self.status = status
 
-    def to_json(self) -> dict[str, object]:
-        body: dict[str, object] = {"error": self.reason, "message": self.message}
-        if self.field is not None:
-            body["field"] = self.field
-        return body
+    def body(self) -> ErrorBody:
+        return ErrorBody(error=self.reason, message=self.message, field=self.field)

@@ -11,7 +11,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-UPDATE_RESULTS = ("accepted", "noop", "conflict", "rejected")
+from ckpt_api.vocabulary import UpdateResult
 
 _BYTE_BUCKETS = tuple(float(1 << s) for s in range(20, 42, 2))  # 1 MiB .. 2 TiB
 _SECOND_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
@@ -26,7 +26,7 @@ class AgentMetrics:
         self.update_requests = Counter(
             "ckpt_agent_update_requests", "update_weights calls by outcome", ["result"], registry=r
         )
-        for result in UPDATE_RESULTS:
+        for result in UpdateResult:
             self.update_requests.labels(result)
         self.loads = Counter(
             "ckpt_agent_loads", "finished loads by result and reason", ["result", "reason"], registry=r

@@ -16,7 +16,7 @@ import aiohttp
 
 from ckpt_agent.metrics import AgentMetrics
 from ckpt_agent.report import (
-    WorkerEntry,
+    entry_json,
     pod_condition_patch,
     rfc3339,
     weights_ready_condition,
@@ -24,6 +24,7 @@ from ckpt_agent.report import (
 )
 from ckpt_agent.update_request import RolloutRef
 from ckpt_api.constants import GROUP, PLURAL, VERSION
+from ckpt_api.status import WorkerStatus
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ DRAIN_SECONDS = 5.0
 
 
 class StatusReporter(Protocol):
-    def worker_event(self, rollout: RolloutRef, entry: WorkerEntry) -> None: ...
+    def worker_event(self, rollout: RolloutRef, entry: WorkerStatus) -> None: ...
     def weights_ready(self, ready: bool, reason: str, message: str) -> None: ...
     def describe(self) -> dict[str, Any]: ...
     async def close(self) -> None: ...
@@ -47,8 +48,8 @@ class DisabledReporter:
         self.last_entry: dict[str, Any] | None = None
         self.ready: bool | None = None
 
-    def worker_event(self, rollout: RolloutRef, entry: WorkerEntry) -> None:
-        self.last_entry = {"rollout": f"{rollout.namespace}/{rollout.name}", **entry.to_json()}
+    def worker_event(self, rollout: RolloutRef, entry: WorkerStatus) -> None:
+        self.last_entry = {"rollout": f"{rollout.namespace}/{rollout.name}", **entry_json(entry)}
 
     def weights_ready(self, ready: bool, reason: str, message: str) -> None:
         self.ready = ready
@@ -88,10 +89,10 @@ class KubeReporter:
             self._worker = asyncio.create_task(self._drain(), name="ckpt-agent-reporter")
         self._queue.put_nowait((target, call))
 
-    def worker_event(self, rollout: RolloutRef, entry: WorkerEntry) -> None:
+    def worker_event(self, rollout: RolloutRef, entry: WorkerStatus) -> None:
         from kubernetes_asyncio import client
 
-        self.last_entry = {"rollout": f"{rollout.namespace}/{rollout.name}", **entry.to_json()}
+        self.last_entry = {"rollout": f"{rollout.namespace}/{rollout.name}", **entry_json(entry)}
         if not rollout.report:
             return  # the operator pulls this outcome from /v1/status
         body = worker_status_patch(self._pod, entry)

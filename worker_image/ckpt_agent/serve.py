@@ -20,6 +20,7 @@ from ckpt_agent.errors import LoadError
 from ckpt_agent.manifest import MANIFEST_NAME, is_valid_file_name
 from ckpt_agent.mooncake.export import ExportCache
 from ckpt_api.versions import validate_version
+from ckpt_api.vocabulary import ErrorCode
 
 ROOT: web.AppKey[Path] = web.AppKey("root", Path)
 MOONCAKE: web.AppKey[ExportCache] = web.AppKey("mooncake", ExportCache)
@@ -27,7 +28,7 @@ _FILE_CHUNK = 1 << 20  # used only where sendfile is unavailable (e.g. TLS)
 
 
 def _not_found(message: str) -> web.Response:
-    return web.json_response({"error": "NotFound", "message": message}, status=404)
+    return web.json_response({"error": ErrorCode.NOT_FOUND, "message": message}, status=404)
 
 
 async def serve_file(request: web.Request) -> web.StreamResponse:
@@ -36,9 +37,11 @@ async def serve_file(request: web.Request) -> web.StreamResponse:
     try:
         validate_version(version)
     except ValueError as exc:
-        return web.json_response({"error": "InvalidVersion", "message": str(exc)}, status=400)
+        return web.json_response({"error": ErrorCode.INVALID_VERSION, "message": str(exc)}, status=400)
     if name != MANIFEST_NAME and not is_valid_file_name(name):
-        return web.json_response({"error": "InvalidPath", "message": f"bad file name {name!r}"}, status=400)
+        return web.json_response(
+            {"error": ErrorCode.INVALID_PATH, "message": f"bad file name {name!r}"}, status=400
+        )
     path = request.app[ROOT] / version / name
     if not path.is_file():
         what = "version" if not path.parent.is_dir() else "file"
@@ -63,7 +66,7 @@ async def mooncake_descriptor(request: web.Request) -> web.Response:
     try:
         validate_version(version)
     except ValueError as exc:
-        return web.json_response({"error": "InvalidVersion", "message": str(exc)}, status=400)
+        return web.json_response({"error": ErrorCode.INVALID_VERSION, "message": str(exc)}, status=400)
     if not (request.app[ROOT] / version).is_dir():
         return _not_found(f"version not found: {version}")
     try:

@@ -7,7 +7,6 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Any
 
 from ckpt_agent.engines.base import Engine, LiveWeights, LoadJob, LoadOutcome
 from ckpt_agent.errors import LoadError, Reason, RequestError
@@ -16,27 +15,38 @@ from ckpt_agent.pause_gate import USER, PauseGate
 from ckpt_agent.reader import LoadProgress
 from ckpt_agent.relay.copy import RelayCopy
 from ckpt_agent.relay.peer import is_peer_fault
-from ckpt_agent.report import Phase, WorkerEntry, rfc3339
+from ckpt_agent.report import rfc3339, worker_entry
 from ckpt_agent.reporting import StatusReporter
-from ckpt_agent.update_request import RolloutRef, SourceSpec, UpdateRequest
+from ckpt_api.agent_api import (
+    AgentStatus,
+    ErrorBody,
+    LastError,
+    LastLoad,
+    RelayState,
+    RolloutRef,
+    UpdateAccepted,
+    UpdateCounts,
+    UpdateWeightsRequest,
+)
+from ckpt_api.vocabulary import (
+    AgentState,
+    ErrorCode,
+    LoadResult,
+    UpdateResult,
+    WeightsReadyReason,
+    WorkerPhase,
+)
 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_SECONDS = 30.0
-UPDATE_COUNTS = ("accepted", "noop", "conflict", "rejected", "succeeded", "failed")
+UPDATE_COUNTS = (*UpdateResult, *LoadResult)  # the `updates` counters of /v1/status
 
 
 @dataclass(frozen=True)
 class Reply:
     status: int
-    body: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class LastError:
-    version: str
-    reason: str
-    message: str
+    body: UpdateAccepted | ErrorBody
 
 
 class AgentService:
@@ -62,11 +72,11 @@ class AgentService:
         self._confirmed = not await_rollout  # a rollout has confirmed the live version
         self.live: LiveWeights | None = None
         self.weights_lost = False
-        self.state = "idle"
+        self.state = AgentState.IDLE
         self.target: str | None = None
         self.progress = LoadProgress()
         self.last_error: LastError | None = None
-        self.last_load: dict[str, Any] | None = None
+        self.last_load: LastLoad | None = None
         self.updates: Counter[str] = Counter()
         self._task: asyncio.Task[None] | None = None
         self._job: LoadJob | None = None
@@ -82,7 +92,7 @@ class AgentService:
         if version is not None and self._default_source is None and self._requires_source:
             raise ValueError("--initial-version needs --source to load from")
         if version is not None and self._requires_source:
-            self._begin(UpdateRequest(version, verify, None, None))
+            self._begin(UpdateWeightsRequest(version=version, verify_checksum=verify))
         else:
             # An engine that loaded its own weights at boot (FastDeploy) serves them already.
             if version is not None:
@@ -107,40 +117,46 @@ class AgentService:
     def loading(self) -> bool:
         return self._task is not None and not self._task.done()
 
-    def request_update(self, req: UpdateRequest, bearer: str | None = None) -> Reply:
+    def request_update(self, req: UpdateWeightsRequest, bearer: str | None = None) -> Reply:
         """`bearer`: the request's token, forwarded to a peer when the request names one."""
         if self.loading:
-            self._count("conflict")
+            self._count(UpdateResult.CONFLICT)
             return Reply(
                 409,
-                {
-                    "error": "LoadInProgress",
-                    "message": f"a load of {self.target} is running; retry when it finishes",
-                    "target": self.target,
-                },
+                ErrorBody(
+                    error=ErrorCode.LOAD_IN_PROGRESS,
+                    message=f"a load of {self.target} is running; retry when it finishes",
+                    target=self.target,
+                ),
             )
         if self._already_live(req):
-            self._count("noop")
-            if self.state == "failed":
-                self.state = "idle"
+            self._count(UpdateResult.NOOP)
+            if self.state == AgentState.FAILED:
+                self.state = AgentState.IDLE
             if req.rollout is not None:
                 self._report(
-                    req.rollout, req.version, "Updated", Reason.LOADED, f"{req.version} is live", 0, 0.0
+                    req.rollout,
+                    req.version,
+                    WorkerPhase.UPDATED,
+                    Reason.LOADED,
+                    f"{req.version} is live",
+                    0,
+                    0.0,
                 )
                 if not self._confirmed:
                     self._confirmed = True
                     self._ready(f"serving {req.version}")
-            return Reply(200, {"accepted": True, "noop": True, "version": req.version})
+            return Reply(200, UpdateAccepted(accepted=True, noop=True, version=req.version))
         if self._requires_source and req.source is None and self._default_source is None:
-            self._count("rejected")
+            self._count(UpdateResult.REJECTED)
             raise RequestError(
                 "the request has no source and the agent was started without --source", field="source"
             )
-        self._count("accepted")
+        self._count(UpdateResult.ACCEPTED)
         self._begin(req, bearer)
-        return Reply(202, {"accepted": True, "version": req.version})
+        return Reply(202, UpdateAccepted(accepted=True, version=req.version))
 
-    def _already_live(self, req: UpdateRequest) -> bool:
+    def _already_live(self, req: UpdateWeightsRequest) -> bool:
         """Same version, and nothing the request asks for is missing: a request that pins another
         manifest digest, or asks for verification the live load skipped, gets a real load."""
         live = self.live
@@ -153,12 +169,12 @@ class AgentService:
 
     def reject(self, error: RequestError, version: object, rollout: RolloutRef | None) -> None:
         """Book a refused request; an invalid version is also a failed update worth reporting."""
-        self._count("rejected")
+        self._count(UpdateResult.REJECTED)
         if error.reason == Reason.INVALID_VERSION:
             shown = str(version)[:256]
-            self.last_error = LastError(shown, error.reason, error.message)
+            self.last_error = LastError(version=shown, reason=error.reason, message=error.message)
             if rollout is not None:
-                self._report(rollout, shown, "Failed", error.reason, error.message, 0, 0.0)
+                self._report(rollout, shown, WorkerPhase.FAILED, error.reason, error.message, 0, 0.0)
 
     def _count(self, result: str) -> None:
         self.updates[result] += 1
@@ -176,13 +192,13 @@ class AgentService:
         if relay is not None:
             relay.release()
 
-    def _begin(self, req: UpdateRequest, bearer: str | None = None) -> None:
-        source = req.source or (SourceSpec(self._default_source) if self._default_source else None)
+    def _begin(self, req: UpdateWeightsRequest, bearer: str | None = None) -> None:
+        source = req.source
         peer = source.peer if source else None
         job = LoadJob(
             version=req.version,
             verify_checksum=req.verify_checksum,
-            source_uri=source.uri if source else None,
+            source_uri=source.uri if source else self._default_source,
             manifest_digest=source.manifest_digest if source else None,
             previous=None if self.weights_lost else self.live,
             peer=peer,
@@ -191,7 +207,7 @@ class AgentService:
         # A load is about to change the weights (and may need the staging memory): stop relaying.
         self._withdraw_relay()
         self._job = job
-        self.state = "loading"
+        self.state = AgentState.LOADING
         self.target = req.version
         self.progress = LoadProgress()
         self._task = asyncio.create_task(self._run(job, req.rollout), name=f"load-{req.version}")
@@ -199,9 +215,11 @@ class AgentService:
     async def _run(self, job: LoadJob, rollout: RolloutRef | None) -> None:
         started = time.monotonic()
         self.metrics.load_in_progress.set(1)
-        self.reporter.weights_ready(False, "Loading", f"loading {job.version}")
+        self.reporter.weights_ready(False, WeightsReadyReason.LOADING, f"loading {job.version}")
         if rollout is not None:
-            self._report(rollout, job.version, "Loading", "Loading", f"loading {job.version}", 0, 0.0)
+            self._report(
+                rollout, job.version, WorkerPhase.LOADING, Reason.LOADING, f"loading {job.version}", 0, 0.0
+            )
         try:
             outcome = await self._load(job)
         except Exception as exc:
@@ -217,23 +235,24 @@ class AgentService:
                 job.version, job.source_uri, outcome.manifest_digest, outcome.checksum_verified
             )
             self.weights_lost = False
-            self.state = "idle"
+            self.state = AgentState.IDLE
             self.metrics.set_live_version(job.version)
-            self.metrics.loads.labels("succeeded", Reason.LOADED).inc()
+            self.metrics.loads.labels(LoadResult.SUCCEEDED, Reason.LOADED).inc()
             self.metrics.load_bytes.observe(outcome.bytes)
-            self.metrics.load_seconds.labels("succeeded").observe(seconds)
-            self.updates["succeeded"] += 1
+            self.metrics.load_seconds.labels(LoadResult.SUCCEEDED).observe(seconds)
+            self.updates[LoadResult.SUCCEEDED] += 1
             self._record(
-                job.version, "Updated", Reason.LOADED, outcome.bytes, seconds, outcome.checksum_verified
+                job, WorkerPhase.UPDATED, Reason.LOADED, seconds, outcome, verified=outcome.checksum_verified
             )
-            self._record_peer(job, outcome)
             # Relayed even when this load skipped verification: receivers always verify peer
             # bytes against the source's manifest.
             self.relay = outcome.relay
             message = f"{job.version} is live ({outcome.bytes} bytes in {seconds:.2f}s)"
             log.info("%s", message)
             if rollout is not None:
-                self._report(rollout, job.version, "Updated", Reason.LOADED, message, outcome.bytes, seconds)
+                self._report(
+                    rollout, job.version, WorkerPhase.UPDATED, Reason.LOADED, message, outcome.bytes, seconds
+                )
                 self._confirmed = True
             self._ready(f"serving {job.version}")
         finally:
@@ -257,10 +276,10 @@ class AgentService:
 
     def _ready(self, message: str) -> None:
         if self._confirmed:
-            self.reporter.weights_ready(True, Reason.LOADED, message)
+            self.reporter.weights_ready(True, WeightsReadyReason.LOADED, message)
         else:
             self.reporter.weights_ready(
-                False, "AwaitingRollout", f"{message}; no rollout has confirmed it yet"
+                False, WeightsReadyReason.AWAITING_ROLLOUT, f"{message}; no rollout has confirmed it yet"
             )
 
     def _failed(self, job: LoadJob, error: LoadError, rollout: RolloutRef | None, seconds: float) -> None:
@@ -269,50 +288,47 @@ class AgentService:
             self.live = None
             self.weights_lost = True
             self.metrics.set_live_version(None)
-        self.state = "failed"
-        self.last_error = LastError(job.version, error.reason, error.message)
-        self.metrics.loads.labels("failed", error.reason).inc()
-        self.metrics.load_seconds.labels("failed").observe(seconds)
-        self.updates["failed"] += 1
+        self.state = AgentState.FAILED
+        self.last_error = LastError(version=job.version, reason=error.reason, message=error.message)
+        self.metrics.loads.labels(LoadResult.FAILED, error.reason).inc()
+        self.metrics.load_seconds.labels(LoadResult.FAILED).observe(seconds)
+        self.updates[LoadResult.FAILED] += 1
         done = self.progress.bytes_done
-        self._record(job.version, "Failed", error.reason, done, seconds, False, error.message)
-        self._record_peer(job, None)
+        self._record(job, WorkerPhase.FAILED, error.reason, seconds, None, nbytes=done, message=error.message)
         if rollout is not None:
-            self._report(rollout, job.version, "Failed", error.reason, error.message, done, seconds)
+            self._report(rollout, job.version, WorkerPhase.FAILED, error.reason, error.message, done, seconds)
         if error.weights_lost:
-            self.reporter.weights_ready(False, "WeightsLost", error.message)
+            self.reporter.weights_ready(False, WeightsReadyReason.WEIGHTS_LOST, error.message)
         else:
             live = self.live.version if self.live else "the engine boot weights"
             self._ready(f"serving {live}; loading {job.version} failed")
 
     def _record(
         self,
-        version: str,
-        phase: Phase,
+        job: LoadJob,
+        phase: WorkerPhase,
         reason: str,
-        nbytes: int,
         seconds: float,
-        verified: bool,
+        outcome: LoadOutcome | None,
+        *,
+        nbytes: int | None = None,
+        verified: bool = False,
         message: str = "",
     ) -> None:
-        self.last_load = {
-            "version": version,
-            "phase": phase,
-            "reason": reason,
-            "message": message,
-            "bytes": nbytes,
-            "seconds": round(seconds, 3),
-            "checksum_verified": verified,
-            "finished_at": rfc3339(),
-        }
-
-    def _record_peer(self, job: LoadJob, outcome: LoadOutcome | None) -> None:
-        """Where the bytes of the last load came from: the peer, the source, or both (a fallback
-        after the peer failed part way). `outcome`: of the attempt that succeeded, if any."""
-        assert self.last_load is not None
+        """The last load for /v1/status, with where its bytes came from: the peer, the source, or
+        both (a fallback after the peer failed part way). `outcome`: of the attempt that
+        succeeded, if any."""
         loaded = outcome.bytes if outcome is not None else 0
         from_peer = outcome is not None and outcome.from_peer
-        self.last_load.update(
+        self.last_load = LastLoad(
+            version=job.version,
+            phase=phase,
+            reason=reason,
+            message=message,
+            bytes=loaded if nbytes is None else nbytes,
+            seconds=round(seconds, 3),
+            checksum_verified=verified,
+            finished_at=rfc3339(),
             peer=job.peer,
             bytes_from_peer=loaded if from_peer else self._peer_bytes,
             bytes_from_source=0 if from_peer else loaded,
@@ -323,14 +339,14 @@ class AgentService:
         self,
         rollout: RolloutRef,
         version: str,
-        phase: Phase,
+        phase: WorkerPhase,
         reason: str,
         message: str,
         nbytes: int,
         seconds: float,
     ) -> None:
-        verified = phase == "Updated" and self.live is not None and self.live.checksum_verified
-        entry = WorkerEntry(
+        verified = phase == WorkerPhase.UPDATED and self.live is not None and self.live.checksum_verified
+        entry = worker_entry(
             version=version,
             phase=phase,
             reason=reason,
@@ -346,30 +362,25 @@ class AgentService:
         self.reporter.worker_event(rollout, entry)
 
     # -- status --------------------------------------------------------------------------------
-    def status(self) -> dict[str, Any]:
-        last_error = self.last_error
-        return {
-            "version": self.live.version if self.live else None,
-            "state": self.state,
-            "target": self.target,
-            "bytes_done": self.progress.bytes_done,
-            "bytes_total": self.progress.bytes_total,
-            "last_error": None
-            if last_error is None
-            else {"version": last_error.version, "reason": last_error.reason, "message": last_error.message},
-            "checksum_verified": bool(self.live and self.live.checksum_verified),
-            "manifest_digest": self.live.manifest_digest if self.live else None,
-            "source": self.live.source_uri if self.live else None,
-            "weights_lost": self.weights_lost,
-            "updates": {
-                k: self.updates[k]
-                for k in ("accepted", "noop", "conflict", "rejected", "succeeded", "failed")
-            },
-            "last_load": self.last_load,
-            "relay": None
+    def status(self) -> AgentStatus:
+        live = self.live
+        return AgentStatus(
+            version=live.version if live else None,
+            state=self.state,
+            target=self.target,
+            bytes_done=self.progress.bytes_done,
+            bytes_total=self.progress.bytes_total,
+            last_error=self.last_error,
+            checksum_verified=bool(live and live.checksum_verified),
+            manifest_digest=live.manifest_digest if live else None,
+            source=live.source_uri if live else None,
+            weights_lost=self.weights_lost,
+            updates=UpdateCounts.model_validate({k: self.updates[k] for k in UPDATE_COUNTS}),
+            last_load=self.last_load,
+            relay=None
             if self.relay is None
-            else {"version": self.relay.version, "from": self.relay.source},
-            "paused_by": self.gate.holders,
-            "engine": self.engine.describe(),
-            "report": self.reporter.describe(),
-        }
+            else RelayState(version=self.relay.version, from_=self.relay.source),
+            paused_by=self.gate.holders,
+            engine=self.engine.describe(),
+            report=self.reporter.describe(),
+        )

@@ -44,6 +44,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from ckpt_api.vocabulary import Phase
+
 SubParsers = Any  # argparse._SubParsersAction is private
 NAME = "bench"
 TO_VERSION = "v1"  # the agents start on v0
@@ -125,7 +127,7 @@ def main(args: argparse.Namespace) -> int:
         for line in summary_lines(result):
             print(line)
     print(json.dumps(result, sort_keys=True))
-    return 0 if result["phase"] == "Succeeded" else 1
+    return 0 if result["phase"] == Phase.SUCCEEDED else 1
 
 
 def summary_lines(r: dict[str, Any]) -> list[str]:

@@ -20,6 +20,7 @@ from kubernetes import client, config
 
 from ckpt_api.constants import GROUP, PLURAL, VERSION
 from ckpt_api.crd import render_crd
+from ckpt_api.vocabulary import TERMINAL_PHASES, ConditionStatus, KubeConditionType
 
 from ..cluster import ClusterOptions, LocalCluster
 from ..nullfleet import NullFleet
@@ -29,7 +30,7 @@ from ..rollout_env import AGENT_PORT, OperatorProcess, Rollouts, http_text, metr
 
 CONTROL_PLANE = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"]
 NAMESPACE = "bench"
-TERMINAL = ("Succeeded", "Failed", "RolledBack")
+TERMINAL = tuple(sorted(TERMINAL_PHASES))
 
 
 class BenchEnv:
@@ -127,7 +128,10 @@ class BenchEnv:
 
         def established() -> bool:
             crd = ext.read_custom_resource_definition(body["metadata"]["name"])
-            return any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or [])
+            return any(
+                c.type == KubeConditionType.ESTABLISHED and c.status == ConditionStatus.TRUE
+                for c in crd.status.conditions or []
+            )
 
         wait_for(established, 60, "CRD Established", interval=0.2)
         # Established is not served yet: until the watch cache is initialized, lists get 429

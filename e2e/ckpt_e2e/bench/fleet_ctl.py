@@ -19,6 +19,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ckpt_api.vocabulary import AgentState
+
 POLL_SECONDS = 0.02  # part of every measured wave: keep it small against S/bw
 
 
@@ -49,9 +51,9 @@ def _update_and_wait(url: str, version: str, source: dict[str, str], limit_s: fl
     deadline = time.monotonic() + limit_s
     while True:
         status: dict[str, Any] = _call("GET", url + "/v1/status")
-        if status["state"] != "loading" and status["version"] == version:
+        if status["state"] != AgentState.LOADING and status["version"] == version:
             return status
-        if status["state"] == "failed":
+        if status["state"] == AgentState.FAILED:
             raise SystemExit(f"{url}: loading {version} failed: {status['last_error']}")
         if time.monotonic() > deadline:
             raise SystemExit(f"{url}: {version} not live after {limit_s}s")

@@ -23,6 +23,7 @@ from ckpt_agent.manifest import MANIFEST_NAME
 from ckpt_agent.mooncake.descriptor import Descriptor
 from ckpt_agent.relay.copy import RelayCopy, RelayGone
 from ckpt_agent.relay.export import RelayExporter
+from ckpt_api.vocabulary import ErrorCode
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ CurrentCopy = Callable[[], RelayCopy | None]
 
 
 def _not_relayable(message: str) -> web.Response:
-    return web.json_response({"error": "NotRelayable", "message": message}, status=404)
+    return web.json_response({"error": ErrorCode.NOT_RELAYABLE, "message": message}, status=404)
 
 
 def _copy_for(current: CurrentCopy, version: str) -> RelayCopy | web.Response:
@@ -101,7 +102,7 @@ def add_relay_routes(app: web.Application, current: CurrentCopy, exporter: Relay
         size = copy.file_size(file)
         if size is None:
             return web.json_response(
-                {"error": "NotFound", "message": f"{version} has no shard {file}"}, status=404
+                {"error": ErrorCode.NOT_FOUND, "message": f"{version} has no shard {file}"}, status=404
             )
         wanted = _parse_range(request.headers.get("Range"), size)
         if wanted is None:

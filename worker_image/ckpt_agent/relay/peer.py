@@ -8,26 +8,17 @@ to fall back to the original source for the whole load.
 from __future__ import annotations
 
 from collections.abc import Callable
-from urllib.parse import urlsplit
 
 from ckpt_agent.errors import LoadError, Reason
 from ckpt_agent.transport import ByteStream, Transport
 from ckpt_agent.transport.base import RegistersBuffers
+from ckpt_api.agent_api import check_peer_uri
 
 RELAY_PATH = "/v1/relay"
-PEER_SCHEMES = ("http", "https", "mooncake")
 
 
 class PeerError(LoadError):
     """The peer failed (unreachable, refused, short or wrong bytes): fall back to the source."""
-
-
-def check_peer_uri(uri: str) -> None:
-    parts = urlsplit(uri)
-    if parts.scheme not in PEER_SCHEMES or not parts.hostname or parts.port is None:
-        raise ValueError(f"a peer is http://host:port or mooncake://host:port, got {uri!r}")
-    if parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise ValueError(f"a peer URI has no path or query: {uri!r}")
 
 
 def open_peer_transport(uri: str, bearer: str | None) -> Transport:

@@ -1,0 +1,266 @@
+"""The agent's HTTP contract: request and response bodies of `/v1/*`, shared by the agent (which
+validates and answers with them) and the operator (which builds requests and reads answers).
+
+Wire names are FastDeploy's snake_case, except inside `source` (camelCase, as in the CR's spec).
+Requests are strict: JSON types must match exactly (no "true" for true, no 1.0 for 1), and the
+nested objects refuse unknown keys, so a misspelt `manifestDigest` is an error instead of a
+silently unpinned load. Responses ignore unknown keys: an operator must keep reading the status
+of an agent one release ahead of it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue
+
+from ckpt_api.constants import DIGEST_PATTERN, SOURCE_SCHEMES, SOURCE_URI_PATTERN, VERSION_PATTERN
+from ckpt_api.versions import validate_version
+from ckpt_api.vocabulary import AgentState, WorkerPhase
+
+# DNS-1123 subdomain: what Kubernetes accepts for namespace and object names.
+K8S_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+PEER_SCHEMES = ("http", "https", "mooncake")
+# Documents check_peer_uri for schema readers; check_peer_uri is what decides.
+PEER_URI_PATTERN = r"^(http|https|mooncake)://[^\s/?#]+:[0-9]+/?$"
+
+
+def check_peer_uri(uri: str) -> str:
+    """A peer agent is addressed as scheme://host:port and nothing more (the relay paths are the
+    agent's own). Raises ValueError saying what is wrong."""
+    parts = urlsplit(uri)
+    if parts.scheme not in PEER_SCHEMES or not parts.hostname or parts.port is None:
+        raise ValueError(f"a peer is http://host:port or mooncake://host:port, got {uri!r}")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ValueError(f"a peer URI has no path or query: {uri!r}")
+    return uri
+
+
+def _version(value: Any) -> Any:
+    # Non-strings are left to the strict str check, so they fail as type errors, not as
+    # InvalidVersion (which the agent reports to the CR as a failed update).
+    return validate_version(value) if isinstance(value, str) else value
+
+
+def _source_scheme(value: Any) -> Any:
+    # Before the pattern: name the accepted schemes instead of quoting a regular expression.
+    if isinstance(value, str):
+        scheme, sep, rest = value.partition("://")
+        if not sep or scheme not in SOURCE_SCHEMES:
+            raise ValueError(
+                f"source uri {value!r} must start with one of " + ", ".join(f"{s}://" for s in SOURCE_SCHEMES)
+            )
+        if not rest:
+            raise ValueError(f"source uri {value!r} has no host or path")
+    return value
+
+
+def _peer(value: Any) -> Any:
+    return check_peer_uri(value) if isinstance(value, str) else value
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(strict=True, frozen=True, extra="forbid", validate_by_alias=True)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON object sent; unset optionals are left out rather than sent as null."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(
+        frozen=True,
+        extra="ignore",
+        validate_by_alias=True,
+        validate_by_name=True,
+        # Defaults are for old agents that lack a field; this agent always sends every field.
+        json_schema_serialization_defaults_required=True,
+    )
+
+    def to_wire(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+# Field before the validator: the other order drops the pattern from the JSON schema (the
+# validator still runs first either way).
+Version = Annotated[
+    str,
+    Field(
+        pattern=VERSION_PATTERN,
+        max_length=128,
+        description="Checkpoint version, e.g. global_step_1200 (never '..', never '/')",
+    ),
+    BeforeValidator(_version),
+]
+
+
+class SourceRef(_Request):
+    """Where to load from; the agent's `--source` when the request has none."""
+
+    uri: Annotated[
+        str,
+        Field(
+            pattern=SOURCE_URI_PATTERN,
+            max_length=2048,
+            description="mooncake://host:port, http(s)://host[:port][/prefix] or file:///path",
+        ),
+        BeforeValidator(_source_scheme),
+    ]
+    # Field() as the default, not in Annotated: the pydantic mypy plugin only sees aliases there.
+    manifest_digest: str | None = Field(
+        None,
+        alias="manifestDigest",
+        pattern=DIGEST_PATTERN,
+        description="Pin: sha256 of the version's manifest.json; a different manifest fails the load",
+    )
+    peer: Annotated[
+        str | None,
+        Field(
+            max_length=2048,
+            description="A peer agent to pull tensor bytes from; the manifest still comes from uri "
+            "and every byte is verified against it",
+            json_schema_extra={"pattern": PEER_URI_PATTERN},
+        ),
+        BeforeValidator(_peer),
+    ] = None
+
+
+K8sName = Annotated[str, Field(pattern=K8S_NAME_PATTERN)]
+
+
+class RolloutRef(_Request):
+    """The CheckpointRollout a request serves: the agent reports its outcome there."""
+
+    namespace: K8sName
+    name: K8sName
+    uid: Annotated[str, Field(min_length=1)]
+    wave: Annotated[int, Field(ge=0)]
+    report: Annotated[
+        bool,
+        Field(
+            description="false: do not write status.workers.<pod>; the operator pulls /v1/status "
+            "instead (N agents patching one CR serialize in the apiserver). The pod's WeightsReady "
+            "condition is written either way."
+        ),
+    ] = True
+
+
+class UpdateWeightsRequest(_Request):
+    """`POST /v1/update_weights`."""
+
+    # Unknown top-level keys are ignored, not refused: FastDeploy's clients send theirs
+    # (`rsync_config`) to every engine, and the agent stands in for one.
+    model_config = ConfigDict(extra="ignore")
+
+    version: Version
+    verify_checksum: Annotated[bool, Field(description="Verify every tensor's xxh3-128 before applying")] = (
+        False
+    )
+    source: SourceRef | None = None
+    rollout: RolloutRef | None = None
+
+
+class UpdateAccepted(_Response):
+    """200: the version is live already (noop); 202: the load started, poll `/v1/status`."""
+
+    accepted: bool
+    version: str
+    noop: Annotated[bool, Field(description="Sent (true) only when nothing was loaded")] = False
+
+    model_config = ConfigDict(json_schema_serialization_defaults_required=False)
+
+    def to_wire(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+
+
+class ErrorBody(_Response):
+    """Every 4xx and 5xx the agent answers itself: `error` is a CamelCase reason code."""
+
+    error: str
+    message: str
+    field: Annotated[
+        str | None, Field(description="The request field at fault, dotted (source.uri); body for the whole")
+    ] = None
+    target: Annotated[str | None, Field(description="409 LoadInProgress: the version being loaded")] = None
+
+    model_config = ConfigDict(json_schema_serialization_defaults_required=False)
+
+    def to_wire(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class PauseState(_Response):
+    """`/v1/pause`, `/v1/resume`, `/v1/is_paused`."""
+
+    is_paused: bool
+    paused_by: Annotated[list[str], Field(description="Holders of the pause: user, load")] = []
+
+
+class LastError(_Response):
+    version: str
+    reason: str
+    message: str
+
+
+class UpdateCounts(_Response):
+    accepted: int = 0
+    noop: int = 0
+    conflict: int = 0
+    rejected: int = 0
+    succeeded: int = 0
+    failed: int = 0
+
+
+class LastLoad(_Response):
+    version: str
+    phase: Literal[WorkerPhase.UPDATED, WorkerPhase.FAILED]
+    reason: str
+    message: str = ""
+    bytes: int = 0
+    seconds: float = 0.0
+    checksum_verified: bool = False
+    finished_at: str = ""
+    peer: str | None = None
+    bytes_from_peer: int = 0
+    bytes_from_source: int = 0
+    fallback_reason: Annotated[str | None, Field(description="Why the load left its peer for the source")] = (
+        None
+    )
+
+
+class RelayState(_Response):
+    version: str
+    from_: str = Field(alias="from", description="What the relayed bytes are read from")
+
+
+class AgentStatus(_Response):
+    """`GET /v1/status`: what the agent serves and what it is doing."""
+
+    version: Annotated[str | None, Field(description="The live version; null: the engine's boot weights")]
+    state: AgentState
+    target: Annotated[str | None, Field(description="The version being loaded")] = None
+    bytes_done: int = 0
+    bytes_total: int = 0
+    last_error: LastError | None = None
+    checksum_verified: bool = False
+    manifest_digest: str | None = None
+    source: str | None = None
+    weights_lost: bool = False
+    updates: UpdateCounts = UpdateCounts()
+    last_load: LastLoad | None = None
+    relay: RelayState | None = None
+    paused_by: list[str] = []
+    engine: dict[str, JsonValue] = {}
+    report: dict[str, JsonValue] = {}
+
+
+class InferResult(_Response):
+    """`POST /v1/infer` (reference engine): outputs for the engine's fixed input."""
+
+    version: str | None
+    output: list[float]
+
+
+class Health(_Response):
+    ok: bool

@@ -1,0 +1,238 @@
+"""The agent's OpenAPI 3.1 document, assembled from the wire models in `ckpt_api.agent_api`.
+
+The agent serves it at `GET /openapi.json` without authentication (as `/healthz`): it describes
+only what this public source already says, and FastDeploy-style clients and API tools discover the
+endpoints before they hold a token. A unit test checks that every route the agent registers is
+listed in `ENDPOINTS`, and a schemathesis run checks the live agent against the document.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from ckpt_api.agent_api import (
+    AgentStatus,
+    ErrorBody,
+    Health,
+    InferResult,
+    PauseState,
+    UpdateAccepted,
+    UpdateWeightsRequest,
+)
+from ckpt_api.constants import VERSION_PATTERN
+
+OPENAPI_PATH = "/openapi.json"
+_JSON = "application/json"
+_REF = "#/components/schemas/{model}"
+
+# A response: (description, model or a schema per media type, or None for no body).
+Body = type[BaseModel] | dict[str, dict[str, Any]] | None
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    method: str
+    path: str
+    summary: str
+    responses: dict[int, tuple[str, Body]]
+    request: type[BaseModel] | None = None
+    public: bool = False
+    parameters: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def operation_id(self) -> str:
+        return self.path.strip("/").replace("/", "_").replace("{", "").replace("}", "").replace(".", "_")
+
+
+_ENGINE_ERRORS: dict[int, tuple[str, Body]] = {
+    502: ("A remote engine refused the control call", ErrorBody),
+    503: ("A remote engine cannot be reached", ErrorBody),
+}
+_PAUSE: dict[int, tuple[str, Body]] = {200: ("The pause state after the call", PauseState), **_ENGINE_ERRORS}
+_VERSION_PARAM = {
+    "name": "version",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": VERSION_PATTERN},
+}
+
+ENDPOINTS: tuple[Endpoint, ...] = (
+    Endpoint(
+        "post",
+        "/v1/update_weights",
+        "Load a version (asynchronous: 202, then poll /v1/status or read the CR)",
+        {
+            200: ("The version is live already: nothing to load", UpdateAccepted),
+            202: ("The load started", UpdateAccepted),
+            400: ("The body is invalid; `field` names the culprit", ErrorBody),
+            409: ("Another load runs (LoadInProgress); retry when it finishes", ErrorBody),
+            413: ("The body is over 64 KiB", ErrorBody),
+        },
+        request=UpdateWeightsRequest,
+    ),
+    Endpoint("post", "/v1/pause", "Pause the engine (held until /v1/resume)", _PAUSE),
+    Endpoint("post", "/v1/resume", "Release the pause taken by /v1/pause", _PAUSE),
+    Endpoint("get", "/v1/is_paused", "Whether the engine is paused, and by whom", _PAUSE),
+    Endpoint(
+        "get", "/v1/status", "Live version, load state and progress, last error", {200: ("", AgentStatus)}
+    ),
+    Endpoint(
+        "post",
+        "/v1/infer",
+        "Outputs of the reference engine for its fixed input (a check that weights are live)",
+        {
+            200: ("", InferResult),
+            404: ("The engine serves its own inference API (NotSupported)", ErrorBody),
+            **_ENGINE_ERRORS,
+        },
+    ),
+    Endpoint(
+        "get",
+        "/metrics",
+        "Prometheus metrics",
+        {200: ("Prometheus text exposition", {"text/plain": {"schema": {"type": "string"}}})},
+    ),
+    Endpoint("get", "/healthz", "Liveness", {200: ("", Health)}, public=True),
+    Endpoint(
+        "get",
+        OPENAPI_PATH,
+        "This document",
+        {200: ("OpenAPI 3.1", {_JSON: {"schema": {"type": "object"}}})},
+        public=True,
+    ),
+    Endpoint(
+        "get",
+        "/v1/relay/{version}/{file}",
+        "A file of the version this agent relays to its peers (manifest.json or a shard)",
+        {
+            200: (
+                "The whole file",
+                {
+                    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+                    _JSON: {"schema": {"type": "object"}},
+                },
+            ),
+            206: (
+                "The requested byte range",
+                {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+            ),
+            404: ("This agent does not relay that version (NotRelayable) or file (NotFound)", ErrorBody),
+            416: ("The range starts at or past the end of the file", None),
+        },
+        parameters=[
+            _VERSION_PARAM,
+            {"name": "file", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}},
+            {
+                "name": "Range",
+                "in": "header",
+                "required": False,
+                "schema": {"type": "string"},
+                "description": "One `bytes=start-[end]` range; anything else reads the whole file",
+            },
+        ],
+    ),
+    Endpoint(
+        "get",
+        "/v1/mooncake/{version}",
+        "Mooncake descriptor of the relayed version (agents started with --relay-mooncake)",
+        {
+            200: (
+                "Where each shard's bytes lie in the exporting agent's registered memory",
+                {
+                    _JSON: {
+                        "schema": {"type": "object", "required": ["manifest", "protocol", "session", "files"]}
+                    }
+                },
+            ),
+            404: ("No relay over Mooncake, or not of that version (NotRelayable)", ErrorBody),
+        },
+        parameters=[_VERSION_PARAM],
+    ),
+)
+
+_AUTH_ERRORS: dict[int, tuple[str, Body]] = {
+    401: ("No bearer token, or one that is not valid for this agent", ErrorBody),
+    403: ("A valid token of a caller this agent does not allow", ErrorBody),
+}
+
+
+def _models() -> tuple[list[type[BaseModel]], list[type[BaseModel]]]:
+    requests = [e.request for e in ENDPOINTS if e.request is not None]
+    responses = {
+        body
+        for e in ENDPOINTS
+        for _, body in (*e.responses.values(), *_AUTH_ERRORS.values())
+        if isinstance(body, type)
+    }
+    return requests, sorted(responses, key=lambda m: m.__name__)
+
+
+def _content(body: Body) -> dict[str, Any] | None:
+    if body is None:
+        return None
+    if isinstance(body, dict):
+        return body
+    return {_JSON: {"schema": {"$ref": _REF.format(model=body.__name__)}}}
+
+
+def _operation(endpoint: Endpoint) -> dict[str, Any]:
+    responses = dict(endpoint.responses) if endpoint.public else {**endpoint.responses, **_AUTH_ERRORS}
+    operation: dict[str, Any] = {
+        "operationId": endpoint.operation_id,
+        "summary": endpoint.summary,
+        "responses": {},
+    }
+    if endpoint.public:
+        operation["security"] = []
+    if endpoint.parameters:
+        operation["parameters"] = endpoint.parameters
+    if endpoint.request is not None:
+        operation["requestBody"] = {
+            "required": True,
+            "content": {_JSON: {"schema": {"$ref": _REF.format(model=endpoint.request.__name__)}}},
+        }
+    for code in sorted(responses):
+        description, body = responses[code]
+        response: dict[str, Any] = {"description": description or "OK"}
+        content = _content(body)
+        if content is not None:
+            response["content"] = content
+        operation["responses"][str(code)] = response
+    return operation
+
+
+def openapi_document() -> dict[str, Any]:
+    """The document as JSON-ready dicts (a fresh copy on every call)."""
+    requests, responses = _models()
+    _, schemas = models_json_schema(
+        [(m, "validation") for m in requests] + [(m, "serialization") for m in responses],
+        ref_template=_REF,
+    )
+    paths: dict[str, dict[str, Any]] = {}
+    for endpoint in ENDPOINTS:
+        paths.setdefault(endpoint.path, {})[endpoint.method] = _operation(endpoint)
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "ckpt-rollout agent",
+            "version": "v1",
+            "description": "Checkpoint loads for one inference worker, with FastDeploy's V1 control names.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": schemas.get("$defs", {}),
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "The operator's projected service-account token (TokenReview), "
+                    "or the static token of --auth-token-file",
+                }
+            },
+        },
+        "security": [{"bearer": []}],
+    }
