@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -303,8 +304,18 @@ def test_operator_metrics(
         rollouts.create("fleet", _spec(checkpoint_source, "v2", fleet))
         rollouts.wait_phase("fleet", {"Succeeded"})
         text = http_text(f"http://127.0.0.1:{port}/metrics")
+        # Idle: a finished CR is stepped from kopf's live body every idle_poll_s (2 s); three
+        # of those steps must not cost one API request.
+        time.sleep(6.5)
+        idle_text = http_text(f"http://127.0.0.1:{port}/metrics")
     finally:
         op.stop()
+    requests = metric_value(text, "ckpt_rollout_api_requests_total")
+    assert requests > 0  # the counter works: the rollout's status patches
+    assert metric_value(idle_text, "ckpt_rollout_api_requests_total") == requests
+    # Every step read the live body: no GET of the CR, ever (the copies are ordered by
+    # resourceVersion, never re-read).
+    assert metric_value(idle_text, "ckpt_rollout_api_requests_total", {"verb": "get"}) == 0
     assert metric_value(text, "ckpt_rollout_workers_total", {"result": "updated"}) == 2
     assert metric_value(text, "ckpt_rollout_duration_seconds_count", {"phase": "Succeeded"}) == 1
     assert metric_value(text, "ckpt_rollout_wave_duration_seconds_count") == 2

@@ -1,6 +1,7 @@
 """kopf registrations. Each handler is a thin adapter over ckpt_rollout.rollout."""
 
 import asyncio
+import copy
 import logging
 from typing import Any
 
@@ -14,6 +15,7 @@ from ckpt_api.vocabulary import FINALIZER, KOPF_ANNOTATION_PREFIX, KOPF_DIFFBASE
 from ckpt_rollout import metrics
 from ckpt_rollout.agent_client import AgentClient, TokenFile
 from ckpt_rollout.config import OperatorConfig
+from ckpt_rollout.freshness import freshest
 from ckpt_rollout.kube import RolloutApi, load_api_client
 from ckpt_rollout.podcache import PodCache
 from ckpt_rollout.rollout import Memory, Peer, Reconciler
@@ -93,12 +95,17 @@ async def rollout_loop(
         kopf.event(body, type=type_, reason=reason, message=message)
 
     await pod_cache.wait_synced()  # a rollout never acts on a partial view of its pods
+    written: dict[str, Any] | None = None  # what our last status patch returned
     while not stopped:
         try:
-            obj = await memo.api.get(namespace, name)
+            # kopf keeps `body` live from its watch: no GET per step, and a finished rollout
+            # costs no API request until its spec, its pods or a timer needs one.
+            newest = freshest(body, written)
+            obj = copy.deepcopy(dict(newest)) if newest is not None else await memo.api.get(namespace, name)
             pods = pod_cache.get(namespace)
             peers = list(rollouts_index.get(namespace, []))
-            _, delay = await reconciler.step(obj, pods, memory, emit, peers)
+            stepped, delay = await reconciler.step(obj, pods, memory, emit, peers)
+            written = stepped if stepped is not obj else written
         except ApiException as exc:
             if exc.status == 404:
                 metrics.forget((namespace, name))

@@ -73,8 +73,12 @@ def test_summary_states_ratios_against_the_targets() -> None:
         "agent_api_requests_at_succeeded": 150,
         "operator_rss_mb": 150.0,
         "ideal_wave_s": 0.1,
+        "operator_cpu_ms_per_worker": 0.25,
+        "idle_api_requests_per_min": 0.0,
     }
     text = "\n".join(summary_lines(result))
+    assert "0.250 ms per worker" in text
+    assert "idle CR: 0.0 operator API requests per minute" in text
     assert "0.50x the 1s target" in text
     assert "0.50x the 300 MB target" in text
     assert "0.400 per worker" in text
@@ -84,4 +88,5 @@ def test_summary_states_ratios_against_the_targets() -> None:
 def test_registered_on_the_cli() -> None:
     args = build_parser().parse_args(["bench", "controlplane", "--workers", "5000", "--waves", "4", "--json"])
     assert (args.workers, args.waves, args.json, args.agent_reports) == (5000, 4, True, True)
+    assert args.idle_seconds == 60.0
     assert callable(args.func)

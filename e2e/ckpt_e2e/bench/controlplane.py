@@ -72,6 +72,12 @@ def add_command(bench_sub: SubParsers) -> None:
     )
     p.add_argument("--max-concurrency", type=int, default=64, help="the CR's strategy.maxConcurrency")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for Succeeded")
+    p.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=60.0,
+        help="how long the finished CR is watched for the operator's idle API requests (0: skip)",
+    )
     p.add_argument("--workdir", type=Path, help="keep logs here (default: a temp dir, removed)")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
     p.set_defaults(func=main)
@@ -142,6 +148,8 @@ def summary_lines(r: dict[str, Any]) -> list[str]:
         f"its own status GET/PATCH: {r['operator_status_requests']})",
         f"agents' API requests: {r['agent_api_requests']} ({r['agent_api_requests'] / n:.2f} per worker; "
         f"{r['agent_api_requests_at_succeeded']} sent by Succeeded)",
+        f"operator CPU: {r['operator_cpu_ms_per_worker']:.3f} ms per worker; idle CR: "
+        f"{r['idle_api_requests_per_min']} operator API requests per minute (target 0)",
         f"operator peak RSS: {rss:.1f} MB = {rss / TARGET_RSS_MB:.2f}x the {TARGET_RSS_MB:g} MB target",
         f"ideal wave (the bench calls one wave's agents and polls them, nothing else; this run): "
         f"{ideal:.2f}s; the operator's overhead per wave is {overhead / ideal:.1f}x that",
@@ -186,6 +194,11 @@ def run(args: argparse.Namespace, workdir: Path, log: Any) -> dict[str, Any]:
         status = env.rollout_status(NAME)
         # The agents' pod-condition patches trail the rollout (they are off its critical path).
         settled_agents = env.fleet.settled_stats()
+        # A finished CR should cost the apiserver nothing: count the operator's own requests
+        # while it sits Succeeded (before the ideal-wave run below adds agent traffic).
+        idle_before = env.operator_status_requests()
+        time.sleep(args.idle_seconds)
+        idle_requests = env.operator_status_requests() - idle_before
         ideal_s = env.ideal_wave(math.ceil(args.workers / args.waves), args.max_concurrency, "v-ideal")
 
     agent_requests = Counter(after_agents["api_requests"]) - Counter(before_agents["api_requests"])
@@ -212,5 +225,9 @@ def run(args: argparse.Namespace, workdir: Path, log: Any) -> dict[str, Any]:
         "updated_replicas": status.get("updatedReplicas"),
         "agents_on_target": after_agents["versions"].get(TO_VERSION, 0),
         "cpu_s_during_rollout": cpu,
+        "operator_cpu_ms_per_worker": round(1000 * cpu.get("operator", 0.0) / args.workers, 3),
+        "idle_api_requests_per_min": round(idle_requests * 60 / args.idle_seconds, 1)
+        if args.idle_seconds
+        else None,
         "setup_s": {k: round(v, 1) for k, v in env.timings.items()},
     }
