@@ -275,11 +275,26 @@ def agent_state(worker: Worker, token: str) -> str | None:
         return None
 
 
-def update_calls(worker: Worker, token: str, result: str = UpdateResult.ACCEPTED) -> float:
+def update_calls(worker: Worker, token: str, result: str | None = None) -> float:
+    """update_weights requests the agent received: every answer (accepted, noop, conflict,
+    rejected) unless ``result`` picks one. "Called once" claims count them all: a second call
+    answered 200 (already live) or 409 (busy) is still a second call."""
     return metric_value(
         http_text(worker.url("/metrics"), token=token),
         "ckpt_agent_update_requests_total",
-        {"result": result},
+        {"result": result} if result is not None else None,
+    )
+
+
+def load_calls(worker: Worker, token: str) -> float:
+    """update_weights requests that reached a free agent: every answer but 409. A 409 (a load
+    already runs: the superseded version's, or the pod's initial load) is the agent telling the
+    operator to call again once it is free, by design; a second call answered 200 (already live),
+    202 or 4xx is a double call."""
+    metrics_text = http_text(worker.url("/metrics"), token=token)
+    name = "ckpt_agent_update_requests_total"
+    return metric_value(metrics_text, name) - metric_value(
+        metrics_text, name, {"result": UpdateResult.CONFLICT}
     )
 
 

@@ -22,11 +22,11 @@ from ckpt_e2e.rollout_env import (
     conditions,
     corrupt_tensor,
     http_text,
+    load_calls,
     metric_value,
     publish_reference_version,
     rollout_spec,
     serving_versions,
-    update_calls,
 )
 from ckpt_e2e.rollout_fixtures import Fleet
 
@@ -225,7 +225,7 @@ def test_overlapping_selectors_stall_the_later_rollout(
     assert cond["reason"] == "SelectorConflict"
     assert "first" in cond["message"]
     assert set(_serving(workers, fleet.token, checkpoint_source).values()) == {"v2"}
-    assert all(update_calls(w, fleet.token) == 1 for w in workers)
+    assert all(load_calls(w, fleet.token) == 1 for w in workers)
 
 
 @pytest.fixture
@@ -282,7 +282,7 @@ def test_two_replicas_hand_over_without_double_updates(
     standby = next(op for op in operator_pair if op is not active)
     assert standby.alive
     for w in workers:
-        assert update_calls(w, fleet.token) == 1, w.name
+        assert load_calls(w, fleet.token) == 1, w.name
 
 
 def test_operator_metrics(
