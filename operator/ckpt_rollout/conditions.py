@@ -19,70 +19,34 @@ class Verdict:
     stalled: bool = False  # blocked by something only a user can fix (e.g. SelectorConflict)
 
 
+_C = ConditionType
+# Which condition types are True in each phase (every other type is False).
+_TRUE: dict[Phase, frozenset[ConditionType]] = {
+    Phase.PENDING: frozenset({_C.PROGRESSING, _C.RECONCILING}),
+    Phase.PROGRESSING: frozenset({_C.PROGRESSING, _C.RECONCILING}),
+    Phase.PAUSED: frozenset({_C.PROGRESSING, _C.PAUSED, _C.RECONCILING}),
+    Phase.SUCCEEDED: frozenset({_C.COMPLETE, _C.READY}),
+    Phase.ROLLING_BACK: frozenset({_C.PROGRESSING, _C.FAILED, _C.RECONCILING}),
+    # Failed and RolledBack: the desired version is not live and won't be without a change.
+    Phase.FAILED: frozenset({_C.FAILED, _C.STALLED}),
+    Phase.ROLLED_BACK: frozenset({_C.FAILED, _C.STALLED}),
+}
+# Progressing says why it is what it is in these phases, whatever the verdict's own reason.
+_PROGRESSING_REASON: dict[Phase, RolloutReason] = {
+    Phase.PAUSED: RolloutReason.ROLLOUT_PAUSED,
+    Phase.SUCCEEDED: RolloutReason.ROLLOUT_COMPLETED,
+    Phase.ROLLING_BACK: RolloutReason.ROLLING_BACK,
+}
+
+
 def _table(v: Verdict) -> dict[ConditionType, tuple[bool, str]]:
     """Condition type -> (status, reason) for a verdict."""
-    r = v.reason
-    p = v.phase
-    if v.stalled:
-        return {
-            ConditionType.PROGRESSING: (False, r),
-            ConditionType.COMPLETE: (False, r),
-            ConditionType.FAILED: (False, r),
-            ConditionType.PAUSED: (False, r),
-            ConditionType.READY: (False, r),
-            ConditionType.RECONCILING: (False, r),
-            ConditionType.STALLED: (True, r),
-        }
-    if p in (Phase.PENDING, Phase.PROGRESSING):
-        return {
-            ConditionType.PROGRESSING: (True, r),
-            ConditionType.COMPLETE: (False, r),
-            ConditionType.FAILED: (False, r),
-            ConditionType.PAUSED: (False, r),
-            ConditionType.READY: (False, r),
-            ConditionType.RECONCILING: (True, r),
-            ConditionType.STALLED: (False, r),
-        }
-    if p is Phase.PAUSED:
-        return {
-            ConditionType.PROGRESSING: (True, RolloutReason.ROLLOUT_PAUSED),
-            ConditionType.COMPLETE: (False, r),
-            ConditionType.FAILED: (False, r),
-            ConditionType.PAUSED: (True, r),
-            ConditionType.READY: (False, r),
-            ConditionType.RECONCILING: (True, r),
-            ConditionType.STALLED: (False, r),
-        }
-    if p is Phase.SUCCEEDED:
-        return {
-            ConditionType.PROGRESSING: (False, RolloutReason.ROLLOUT_COMPLETED),
-            ConditionType.COMPLETE: (True, r),
-            ConditionType.FAILED: (False, r),
-            ConditionType.PAUSED: (False, r),
-            ConditionType.READY: (True, r),
-            ConditionType.RECONCILING: (False, r),
-            ConditionType.STALLED: (False, r),
-        }
-    if p is Phase.ROLLING_BACK:
-        return {
-            ConditionType.PROGRESSING: (True, RolloutReason.ROLLING_BACK),
-            ConditionType.COMPLETE: (False, r),
-            ConditionType.FAILED: (True, r),
-            ConditionType.PAUSED: (False, r),
-            ConditionType.READY: (False, r),
-            ConditionType.RECONCILING: (True, r),
-            ConditionType.STALLED: (False, r),
-        }
-    # Failed and RolledBack: the desired version is not live and won't be without a change.
-    return {
-        ConditionType.PROGRESSING: (False, r),
-        ConditionType.COMPLETE: (False, r),
-        ConditionType.FAILED: (True, r),
-        ConditionType.PAUSED: (False, r),
-        ConditionType.READY: (False, r),
-        ConditionType.RECONCILING: (False, r),
-        ConditionType.STALLED: (True, r),
-    }
+    if v.stalled:  # blocked whatever the phase: only Stalled holds
+        return {t: (t is _C.STALLED, v.reason) for t in ConditionType}
+    table = {t: (t in _TRUE[v.phase], v.reason) for t in ConditionType}
+    if (reason := _PROGRESSING_REASON.get(v.phase)) is not None:
+        table[_C.PROGRESSING] = (table[_C.PROGRESSING][0], reason)
+    return table
 
 
 def set_condition(
@@ -106,27 +70,31 @@ def set_condition(
         found = True
         changed = cond.get("status") != wanted
         out.append(
-            {
-                "type": type_,
-                "status": wanted,
-                "reason": reason,
-                "message": message,
-                "lastTransitionTime": now if changed else cond.get("lastTransitionTime", now),
-                "observedGeneration": generation,
-            }
+            _condition(
+                type_,
+                wanted,
+                reason,
+                message,
+                now if changed else cond.get("lastTransitionTime", now),
+                generation,
+            )
         )
     if not found:
-        out.append(
-            {
-                "type": type_,
-                "status": wanted,
-                "reason": reason,
-                "message": message,
-                "lastTransitionTime": now,
-                "observedGeneration": generation,
-            }
-        )
+        out.append(_condition(type_, wanted, reason, message, now, generation))
     return out
+
+
+def _condition(
+    type_: str, status: str, reason: str, message: str, transition: str, generation: int | None
+) -> Condition:
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": transition,
+        "observedGeneration": generation,
+    }
 
 
 def evaluate_conditions(
