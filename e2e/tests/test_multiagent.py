@@ -12,13 +12,15 @@ import aiohttp
 import pytest
 from kubernetes import client
 
-from ckpt_api.vocabulary import WEIGHTS_READY_CONDITION
+from ckpt_api.agent_api import AgentStatus, RolloutRef, UpdateAccepted, UpdateWeightsRequest
+from ckpt_api.status import CheckpointRolloutStatus, WorkerStatus
+from ckpt_api.vocabulary import WEIGHTS_READY_CONDITION, WorkerPhase
 from ckpt_e2e.multiagent import HostedPod, MultiAgentHost, request_kind
 from ckpt_e2e.nullfleet import NullFleet
 from ckpt_e2e.procs import free_ports, wait_for
 from ckpt_e2e.rollout_env import AGENT_PORT, Rollouts, http_json
 
-ROLLOUT = {"namespace": "ns", "name": "fleet", "uid": "u", "wave": 2}
+ROLLOUT = RolloutRef(namespace="ns", name="fleet", uid="u", wave=2)
 
 
 @pytest.mark.parametrize(
@@ -66,19 +68,18 @@ async def test_one_process_serves_each_agent_on_its_own_ip(tmp_path: Path) -> No
 
             for pod in pods:
                 status = await _status(call, pod.ip)
-                assert (status["version"], status["engine"]["name"]) == ("v0", "null")
+                assert (status.version, status.engine.get("name")) == ("v0", "null")
             async with session.get(f"http://{pods[0].ip}:{port}/v1/status") as resp:
                 assert resp.status == 401, "each hosted agent still checks the caller's token"
 
-            code, _ = await call(
-                pods[1].ip, "POST", "/v1/update_weights", {"version": "v1", "rollout": ROLLOUT}
-            )
+            request = UpdateWeightsRequest(version="v1", rollout=ROLLOUT)
+            code, _ = await call(pods[1].ip, "POST", "/v1/update_weights", request.to_wire())
             assert code == 202
             for _ in range(100):
-                if (await _status(call, pods[1].ip))["version"] == "v1":
+                if (await _status(call, pods[1].ip)).version == "v1":
                     break
                 await asyncio.sleep(0.02)
-            assert [(await _status(call, p.ip))["version"] for p in pods] == ["v0", "v1", "v0"]
+            assert [(await _status(call, p.ip)).version for p in pods] == ["v0", "v1", "v0"]
 
         stats = host.stats()
         assert stats["agents"] == 3
@@ -90,10 +91,10 @@ async def test_one_process_serves_each_agent_on_its_own_ip(tmp_path: Path) -> No
         await host.stop()
 
 
-async def _status(call: Any, ip: str) -> dict[str, Any]:
+async def _status(call: Any, ip: str) -> AgentStatus:
     code, body = await call(ip, "GET", "/v1/status")
     assert code == 200
-    return dict(body)
+    return AgentStatus.model_validate(body)
 
 
 @pytest.mark.integration
@@ -115,19 +116,21 @@ def test_hosted_agents_report_to_the_cr_and_their_pods(
         pods = fleet.pods()
         assert len({p.ip for p in pods}) == 4
         token = token_file.read_text()
-        rollout = {"namespace": namespace, "name": "fleet", "uid": "u", "wave": 0}
+        request = UpdateWeightsRequest(
+            version="v1", rollout=RolloutRef(namespace=namespace, name="fleet", uid="u", wave=0)
+        )
         for pod in pods:
             url = f"http://{pod.ip}:{AGENT_PORT}/v1/update_weights"
-            assert http_json(url, token=token, body={"version": "v1", "rollout": rollout})["accepted"]
+            assert UpdateAccepted.model_validate(http_json(url, token=token, body=request.to_wire())).accepted
 
-        def reported() -> dict[str, Any] | None:
-            workers = rollouts.status("fleet").get("workers") or {}
-            done = {k: v for k, v in workers.items() if v.get("phase") == "Updated"}
+        def reported() -> dict[str, WorkerStatus] | None:
+            status = CheckpointRolloutStatus.model_validate(rollouts.status("fleet"))
+            done = {k: v for k, v in status.workers.items() if v.phase is WorkerPhase.UPDATED}
             return done if len(done) == 4 else None
 
         workers = wait_for(reported, 60, "4 Updated entries in status.workers", interval=0.2)
         assert set(workers) == {p.name for p in pods}
-        assert all(e["version"] == "v1" and e["bytes"] == 0 for e in workers.values())
+        assert all(e.version == "v1" and e.bytes == 0 for e in workers.values())
 
         core = client.CoreV1Api(k8s_api)
         for pod in pods:

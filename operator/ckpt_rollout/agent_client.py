@@ -10,12 +10,7 @@ import aiohttp
 from pydantic import ValidationError
 
 from ckpt_api.agent_api import AgentStatus, ErrorBody, UpdateWeightsRequest
-
-
-def agent_url(ip: str, port: int) -> str:
-    """http://ip:port, with an IPv6 pod IP in brackets (unbracketed, its colons read as a port)."""
-    host = f"[{ip}]" if ":" in ip else ip
-    return f"http://{host}:{port}"
+from ckpt_rollout.world import agent_url
 
 
 class TokenFile:

@@ -5,7 +5,7 @@ import os
 from dataclasses import dataclass, field
 
 from ckpt_api.constants import DEFAULT_AGENT_AUDIENCE
-from ckpt_rollout.rollout import Tuning
+from ckpt_rollout.world import Tuning
 
 
 @dataclass

@@ -1,9 +1,9 @@
 """What a worker's reports say about its load of the target version. Pure; table-tested."""
 
 from enum import Enum, auto
-from typing import Any
 
 from ckpt_api.agent_api import AgentStatus
+from ckpt_api.status import WorkerStatus
 from ckpt_api.vocabulary import AgentState, WorkerPhase, WorkerReason
 
 
@@ -21,12 +21,12 @@ class Outcome(Enum):
 DECIDED = frozenset({Outcome.UPDATED, Outcome.FAILED, Outcome.GONE})
 
 
-def reported_outcome(entry: dict[str, Any] | None, *, target: str, present: bool, called: bool) -> Outcome:
-    """Outcome from the CR's ``status.workers`` entry (the agent's push)."""
-    if entry and entry.get("version") == target:
-        if entry.get("phase") == WorkerPhase.UPDATED:
+def reported_outcome(entry: WorkerStatus | None, *, target: str, present: bool, called: bool) -> Outcome:
+    """Outcome from the CR's ``status.workers`` entry (the agent's push or the operator's pull)."""
+    if entry is not None and entry.version == target:
+        if entry.phase is WorkerPhase.UPDATED:
             return Outcome.UPDATED
-        if entry.get("phase") == WorkerPhase.FAILED:
+        if entry.phase is WorkerPhase.FAILED:
             return Outcome.FAILED
     if not present:
         return Outcome.GONE

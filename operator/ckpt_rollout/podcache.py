@@ -17,7 +17,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from ckpt_api.vocabulary import PodPhase
-from ckpt_rollout.driving import Pod
+from ckpt_rollout.world import Pod
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +41,21 @@ class PodCache:
         self._watch_timeout_s = watch_timeout_s
         self._pods: dict[str, dict[str, Pod]] = {}  # namespace -> name -> pod
         self._synced = {ns: asyncio.Event() for ns in self._namespaces}
+        self._subscribers: dict[str, set[asyncio.Event]] = {}  # namespace -> daemons' wake-ups
 
     def get(self, namespace: str) -> list[Pod]:
         return list(self._pods.get(namespace, {}).values())
+
+    def subscribe(self, namespace: str, event: asyncio.Event) -> None:
+        """Set ``event`` whenever the namespace's rollout-relevant pods change."""
+        self._subscribers.setdefault(namespace, set()).add(event)
+
+    def unsubscribe(self, namespace: str, event: asyncio.Event) -> None:
+        self._subscribers.get(namespace, set()).discard(event)
+
+    def _changed(self, namespace: str) -> None:
+        for event in self._subscribers.get(namespace, ()):
+            event.set()
 
     async def wait_synced(self) -> None:
         await asyncio.gather(*(e.wait() for e in self._synced.values()))
@@ -51,12 +63,18 @@ class PodCache:
     def apply(self, kind: str, obj: dict[str, Any]) -> None:
         """One watch event (ADDED, MODIFIED, DELETED) or a listed object (kind ADDED)."""
         meta = obj.get("metadata") or {}
-        pods = self._pods.setdefault(meta.get("namespace", ""), {})
+        namespace = meta.get("namespace", "")
+        pods = self._pods.setdefault(namespace, {})
         pod = None if kind == "DELETED" else running_pod(obj)
+        # Most pod events (conditions, other status) change nothing a rollout reads: only
+        # a pod that comes, goes or changes its IP or labels wakes the daemons.
         if pod is None:
-            pods.pop(meta.get("name", ""), None)
+            changed = pods.pop(meta.get("name", ""), None) is not None
         else:
+            changed = pods.get(pod.name) != pod
             pods[pod.name] = pod
+        if changed:
+            self._changed(namespace)
 
     async def run(self) -> None:
         """Follow pods until cancelled: list, watch from the list's version, relist on errors."""
@@ -102,6 +120,8 @@ class PodCache:
             self._pods[namespace] = listed.get(namespace, {})
         else:
             self._pods = listed
+        for changed in self._subscribers:  # a relist may have missed events: look again
+            self._changed(changed)
         return str(body["metadata"]["resourceVersion"])
 
     async def _watch(self, namespace: str, version: str) -> str:

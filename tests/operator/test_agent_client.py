@@ -17,7 +17,8 @@ from ckpt_api.agent_api import (
     SourceRef,
     UpdateWeightsRequest,
 )
-from ckpt_rollout.agent_client import AgentClient, TokenFile, agent_url
+from ckpt_rollout.agent_client import AgentClient, TokenFile
+from ckpt_rollout.world import agent_url
 
 DIGEST = "sha256:" + "ab" * 32
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -5,6 +5,7 @@ from typing import Any
 import pytest
 
 from ckpt_api.agent_api import AgentStatus
+from ckpt_api.status import WorkerStatus
 from ckpt_rollout.mergepatch import apply_merge_patch
 from ckpt_rollout.outcomes import Outcome, pulled_outcome, reported_outcome
 
@@ -25,7 +26,8 @@ from ckpt_rollout.outcomes import Outcome, pulled_outcome, reported_outcome
 def test_reported_outcome(
     entry: dict[str, Any] | None, present: bool, called: bool, expected: Outcome
 ) -> None:
-    assert reported_outcome(entry, target="v2", present=present, called=called) is expected
+    parsed = WorkerStatus.model_validate(entry) if entry is not None else None
+    assert reported_outcome(parsed, target="v2", present=present, called=called) is expected
 
 
 @pytest.mark.parametrize(

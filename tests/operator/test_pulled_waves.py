@@ -10,8 +10,9 @@ from typing import Any
 from ckpt_api.agent_api import AgentStatus, LastError, UpdateWeightsRequest
 from ckpt_e2e.testdata import VALID_SPEC, VALID_SPEC_DEFAULTS
 from ckpt_rollout.agent_client import CallResult
+from ckpt_rollout.executor import Reconciler
 from ckpt_rollout.mergepatch import apply_merge_patch
-from ckpt_rollout.rollout import Memory, Pod, Reconciler, Tuning
+from ckpt_rollout.world import Memory, Pod, Tuning
 
 TARGET = "v2"
 

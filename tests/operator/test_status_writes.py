@@ -30,8 +30,9 @@ from ckpt_api.vocabulary import (
 from ckpt_e2e.crdschema import schema_problems, status_schema
 from ckpt_e2e.testdata import VALID_SPEC, VALID_SPEC_DEFAULTS
 from ckpt_rollout.agent_client import CallResult
+from ckpt_rollout.executor import Reconciler
 from ckpt_rollout.mergepatch import apply_merge_patch
-from ckpt_rollout.rollout import Memory, Peer, Pod, Reconciler, Tuning
+from ckpt_rollout.world import Memory, Peer, Pod, Tuning
 
 SCHEMA = status_schema()
 
@@ -327,7 +328,7 @@ async def test_every_field_written_is_in_the_crd_and_the_writes_covered_the_stat
     await test_abort_then_a_rollback_that_fails(recorder)
     await test_worker_timeout(recorder)
     await test_no_workers_a_selector_conflict_and_the_deadline(recorder)
-    assert recorder.writes > 100
+    assert recorder.writes > 50  # a real walk: one diffed write per step that changed something
     written = recorder.fields
     # The agent's entry, every field of it (liveVersion was once pruned by the apiserver).
     for field in ("liveVersion", "uid", "wave", "bytes", "seconds", "checksumVerified", "lastTransitionTime"):

@@ -24,8 +24,8 @@ from typing import Literal, Protocol, runtime_checkable
 import numpy as np
 
 from ckpt_agent.compat import ParamSpec, check_compatible
-from ckpt_agent.engines.base import LiveWeights, LoadJob, LoadOutcome
 from ckpt_agent.errors import LoadError, Reason
+from ckpt_agent.load_job import LiveWeights, LoadJob, LoadOutcome
 from ckpt_agent.manifest import DEFAULT_MAX_MANIFEST_BYTES, Manifest, TensorEntry
 from ckpt_agent.pause_gate import LOAD, PauseGate
 from ckpt_agent.reader import (

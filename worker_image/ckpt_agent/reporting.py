@@ -22,7 +22,7 @@ from ckpt_agent.report import (
     weights_ready_condition,
     worker_status_patch,
 )
-from ckpt_agent.update_request import RolloutRef
+from ckpt_api.agent_api import RolloutRef
 from ckpt_api.constants import GROUP, PLURAL, VERSION
 from ckpt_api.status import WorkerStatus
 

@@ -18,6 +18,7 @@ import aiohttp
 import yaml
 from kubernetes import client, config
 
+from ckpt_api.agent_api import AgentStatus, UpdateWeightsRequest
 from ckpt_api.constants import GROUP, PLURAL, VERSION
 from ckpt_api.crd import render_crd
 from ckpt_api.vocabulary import TERMINAL_PHASES, ConditionStatus, KubeConditionType
@@ -235,13 +236,14 @@ class BenchEnv:
 
             async def call(ip: str) -> None:
                 url = f"http://{ip}:{AGENT_PORT}/v1/update_weights"
-                async with sem, session.post(url, json={"version": version}, headers=headers) as r:
+                body = UpdateWeightsRequest(version=version).to_wire()
+                async with sem, session.post(url, json=body, headers=headers) as r:
                     await r.read()
 
             async def serves(ip: str) -> bool:
                 url = f"http://{ip}:{AGENT_PORT}/v1/status"
                 async with sem, session.get(url, headers=headers) as r:
-                    return bool((await r.json())["version"] == version)
+                    return AgentStatus.model_validate(await r.json()).version == version
 
             started = time.monotonic()
             await asyncio.gather(*(call(ip) for ip in ips))

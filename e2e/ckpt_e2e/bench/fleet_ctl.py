@@ -19,6 +19,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ckpt_api.agent_api import AgentStatus, SourceRef, UpdateWeightsRequest
 from ckpt_api.vocabulary import AgentState
 
 POLL_SECONDS = 0.02  # part of every measured wave: keep it small against S/bw
@@ -47,14 +48,18 @@ def wait_healthy(agents: list[str], limit_s: float) -> None:
 
 
 def _update_and_wait(url: str, version: str, source: dict[str, str], limit_s: float) -> dict[str, Any]:
-    _call("POST", url + "/v1/update_weights", {"version": version, "verify_checksum": True, "source": source})
+    request = UpdateWeightsRequest(
+        version=version, verify_checksum=True, source=SourceRef.model_validate(source)
+    )
+    _call("POST", url + "/v1/update_weights", request.to_wire())
     deadline = time.monotonic() + limit_s
     while True:
-        status: dict[str, Any] = _call("GET", url + "/v1/status")
-        if status["state"] != AgentState.LOADING and status["version"] == version:
-            return status
-        if status["state"] == AgentState.FAILED:
-            raise SystemExit(f"{url}: loading {version} failed: {status['last_error']}")
+        body: dict[str, Any] = _call("GET", url + "/v1/status")
+        status = AgentStatus.model_validate(body)
+        if status.state != AgentState.LOADING and status.version == version:
+            return body
+        if status.state == AgentState.FAILED:
+            raise SystemExit(f"{url}: loading {version} failed: {status.last_error}")
         if time.monotonic() > deadline:
             raise SystemExit(f"{url}: {version} not live after {limit_s}s")
         time.sleep(POLL_SECONDS)

@@ -15,7 +15,7 @@ from ckpt_agent.relay.peer import PeerError, PeerTransport, open_peer_transport
 from ckpt_agent.transport import RegistersBuffers, Transport, open_transport
 
 if TYPE_CHECKING:
-    from ckpt_agent.engines.base import LoadJob
+    from ckpt_agent.load_job import LoadJob
     from ckpt_agent.manifest import Manifest, TensorEntry
 
 

@@ -1,0 +1,100 @@
+"""What the reconcile machine reads besides the CR: pods, peers, settings, the clock, and its
+in-memory observations of agents. Plain data, no I/O."""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from ckpt_api.status import WorkerStatus
+
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def rfc3339(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime(TIME_FORMAT)
+
+
+def parse_time(value: str | None) -> float | None:
+    if not value:
+        return None
+    return datetime.strptime(value, TIME_FORMAT).replace(tzinfo=UTC).timestamp()
+
+
+def agent_url(ip: str, port: int) -> str:
+    """http://ip:port, with an IPv6 pod IP in brackets (unbracketed, its colons read as a port)."""
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{port}"
+
+
+@dataclass(frozen=True)
+class Pod:
+    name: str
+    ip: str
+    labels: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Another CheckpointRollout in the same namespace (for selector conflicts)."""
+
+    name: str
+    created: str
+    selector: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Now:
+    """The step's clock: wall time (second resolution, as status stores it) and a monotonic
+    reading for the in-memory timers."""
+
+    wall: float
+    mono: float
+
+    @property
+    def stamp(self) -> str:
+        return rfc3339(self.wall)
+
+
+@dataclass
+class Tuning:
+    poll_s: float = 0.5
+    idle_poll_s: float = 2.0
+    pull_after_s: float = 5.0
+    pull_every_s: float = 3.0
+    busy_retry_s: float = 1.0
+    call_batch: int = 512
+    # Waves larger than this are pulled: their agents are asked not to write status.workers
+    # (N agents merge-patching one CR serialize in the apiserver, with conflict retries: at a
+    # few hundred concurrent reporters patches time out), and the operator pulls /v1/status
+    # from pull_first_s after the call, then every half of the time waited (at most
+    # pull_every_s, at least what keeps the wave under pull_rate pulls a second), writing each
+    # step's outcomes in one patch.
+    push_max_wave: int = 8
+    pull_first_s: float = 0.25
+    pull_rate: float = 500.0
+
+
+@dataclass
+class Memory:
+    """Per-CR observations of agents, kept between steps by the executor. Losing them (a
+    restart) only makes the operator pull sooner: status holds everything that matters."""
+
+    call_times: dict[str, float] = field(default_factory=dict)  # monotonic, first call
+    last_pull: dict[str, float] = field(default_factory=dict)
+    busy_until: dict[str, float] = field(default_factory=dict)  # call again from then on
+    lost: set[str] = field(default_factory=set)  # the agent never got (or forgot) our call
+    # Outcomes learned by the operator (pulled, or a rejected call) not yet in status.
+    heard: dict[str, WorkerStatus] = field(default_factory=dict)
+    # previousVersion probe of the canary: (pod, version it served or None) once answered.
+    probed: tuple[str, str | None] | None = None
+    announced: set[str] = field(default_factory=set)  # "pod/version" failures already evented
+
+    def reset(self) -> None:
+        self.call_times.clear()
+        self.last_pull.clear()
+        self.busy_until.clear()
+        self.lost.clear()
+        self.heard.clear()
+        self.probed = None
+        self.announced.clear()

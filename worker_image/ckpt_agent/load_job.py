@@ -1,0 +1,54 @@
+"""What a load is asked to do, the weights it replaces, and what it produced.
+
+These sit below the engines because the load pipeline (`loader`, `relay.load`) takes and returns
+them too; `ckpt_agent.engines.base` presents them as part of the engine interface.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ckpt_agent.relay.copy import RelayCopy
+
+
+@dataclass(frozen=True)
+class LiveWeights:
+    """The version an engine serves, and where it came from (so it can be restored)."""
+
+    version: str
+    source_uri: str | None
+    manifest_digest: str | None
+    checksum_verified: bool
+
+
+@dataclass(frozen=True)
+class LoadJob:
+    version: str
+    verify_checksum: bool
+    source_uri: str | None
+    manifest_digest: str | None
+    previous: LiveWeights | None
+    cancel: threading.Event = field(default_factory=threading.Event)
+    # Pull tensor bytes from this peer agent (manifest still from `source_uri`), authenticating
+    # with the update request's bearer token; see ckpt_agent.relay.
+    peer: str | None = None
+    bearer: str | None = field(default=None, repr=False)
+
+    @property
+    def must_verify(self) -> bool:
+        """Bytes from a peer are untrusted: always verified, whatever the request asked."""
+        return self.verify_checksum or self.peer is not None
+
+
+@dataclass(frozen=True)
+class LoadOutcome:
+    bytes: int
+    checksum_verified: bool
+    manifest_digest: str | None
+    # The verified copy this agent can now relay to peers (None: it cannot relay this version).
+    relay: RelayCopy | None = None
+    # The tensor bytes came from `LoadJob.peer` (engines that pull by themselves ignore peers).
+    from_peer: bool = False
