@@ -131,3 +131,33 @@ async def test_watch_events_update_the_cache(standin: tuple[StandIn, client.ApiC
         assert cache.get("rl")[0].ip == "127.1.0.3"
     finally:
         task.cancel()
+
+
+@pytest.mark.parametrize(
+    ("kind", "pod", "wakes"),
+    [
+        ("MODIFIED", _pod("a", "127.1.0.1"), False),  # a condition or other status changed
+        ("MODIFIED", _pod("a", "127.1.0.7"), True),  # a new IP: calls go elsewhere
+        ("MODIFIED", {**_pod("a"), "metadata": {"name": "a", "namespace": "rl", "labels": {}}}, True),
+        ("MODIFIED", _pod("a", phase="Failed"), True),  # no longer callable
+        ("DELETED", _pod("a"), True),
+        ("ADDED", _pod("new", "127.1.0.8"), True),
+        ("ADDED", _pod("new", None, "Pending"), False),  # not callable yet: nothing to act on
+        ("DELETED", _pod("never-seen"), False),
+    ],
+)
+async def test_daemons_wake_only_for_changes_a_rollout_reads(
+    kind: str, pod: dict[str, Any], wakes: bool
+) -> None:
+    cache = PodCache(client.ApiClient(), ["rl"])
+    cache.apply("ADDED", _pod("a", "127.1.0.1"))
+    woken, elsewhere = asyncio.Event(), asyncio.Event()
+    cache.subscribe("rl", woken)
+    cache.subscribe("other", elsewhere)
+    cache.apply(kind, pod)
+    assert woken.is_set() is wakes
+    assert not elsewhere.is_set()
+    cache.unsubscribe("rl", woken)
+    woken.clear()
+    cache.apply("DELETED", _pod("a"))
+    assert not woken.is_set(), "an unsubscribed daemon is not woken"

@@ -175,7 +175,9 @@ class BenchEnv:
             self._sample_rss()
             if not self.operator.alive:
                 raise RuntimeError(f"the operator exited; see {self.operator.log_path}")
-            text = self._metrics_text() or ""
+            # Only the phase gauge: a full scrape (process collector and all) ten times a
+            # second would bill the operator's CPU for the bench's own watching.
+            text = self._metrics_text("ckpt_rollout_phase") or ""
             for phase in TERMINAL:
                 if metric_value(text, "ckpt_rollout_phase", {"name": name, "phase": phase}) == 1:
                     return phase
@@ -186,9 +188,10 @@ class BenchEnv:
         return self.rollouts.status(name)
 
     # -- readings -------------------------------------------------------------------------------
-    def _metrics_text(self) -> str | None:
+    def _metrics_text(self, only: str | None = None) -> str | None:
+        url = f"{self.metrics_url}?name[]={only}" if only else self.metrics_url
         try:
-            return http_text(self.metrics_url, timeout=10)
+            return http_text(url, timeout=10)
         except OSError:
             return None
 
