@@ -97,12 +97,14 @@ def drive(d: Draft, target: Target) -> tuple[list[str], dict[str, Outcome] | Non
     uncalled = [p for p, o in current.items() if o is Outcome.UNCALLED]
     calling: list[str] = []
     if uncalled and target.may_call:
-        calling = uncalled[: d.tuning.call_batch]
+        # Every member in one step, recorded as called in one write: a pulled wave's outcomes
+        # then arrive in few rounds, and the wave completes without its successes ever being
+        # written one by one. (After a crash mid-calls, members recorded but never called are
+        # found by the pull fallback and called then.)
+        calling, uncalled = uncalled, []
         called += calling
-        uncalled = uncalled[len(calling) :]
-        # The next batch at once; else the first look at the called ones (a pushed outcome
-        # wakes the loop sooner).
-        d.wake(0.0 if uncalled else d.tuning.pull_first_s if pulling else d.tuning.pull_after_s)
+        # The first look (a pushed outcome wakes the loop sooner).
+        d.wake(d.tuning.pull_first_s if pulling else d.tuning.pull_after_s)
     waiting = [p for p, o in current.items() if o is Outcome.WAITING and p not in calling]
     recall = _check_waiting(d, target, waiting, pulling)
     _plan_calls(d, target, [*calling, *recall], report=not pulling)
@@ -121,6 +123,7 @@ def _check_waiting(d: Draft, target: Target, waiting: list[str], pulling: bool) 
     timeout = d.spec.timeouts.worker_seconds
     timed_out: dict[str, WorkerStatus | None] = {}
     recall: list[str] = []
+    candidates: list[tuple[str, float, float]] = []  # (pod, when its pull is due, interval)
     for name in waiting:
         called_at = memory.call_times.get(name)
         if called_at is None:  # called before a restart: its clock starts now
@@ -162,14 +165,19 @@ def _check_waiting(d: Draft, target: Target, waiting: list[str], pulling: bool) 
             due_at = now  # called before a restart: whether it saw the call is unknown
         else:
             due_at = called_at + first  # once the agent had time to push
-        if now >= due_at:
+        candidates.append((name, due_at, every))
+    if timed_out:
+        d.set_workers(timed_out)
+    # A pulled wave is pulled in rounds: once one member is due, so is every member due within
+    # its next interval (each round's outcomes cost one status write, so fewer, fuller rounds).
+    round_due = pulling and any(due_at <= now for _, due_at, _ in candidates)
+    for name, due_at, every in candidates:
+        if due_at <= now or (round_due and due_at <= now + every):
             pod = d.rollout.pods[name]
             d.plan.pulls.append(Pull(name, pod.ip, d.spec.agent.port, target.version, target.wave))
             d.wake(every)  # the next pull, should this one find the load still going
         else:
             d.wake(due_at - now)
-    if timed_out:
-        d.set_workers(timed_out)
     return recall
 
 

@@ -63,7 +63,6 @@ class Tuning:
     pull_after_s: float = 5.0
     pull_every_s: float = 3.0
     busy_retry_s: float = 1.0
-    call_batch: int = 512
     # Waves larger than this are pulled: their agents are asked not to write status.workers
     # (N agents merge-patching one CR serialize in the apiserver, with conflict retries: at a
     # few hundred concurrent reporters patches time out), and the operator pulls /v1/status

@@ -356,6 +356,23 @@ CASES = [
         observed={False},  # the agents are asked not to write status.workers
     ),
     Case(
+        "a-pulled-wave-is-pulled-in-rounds-not-pod-by-pod",
+        _rollout(_progressing(_wave(0, BIG)), pods=BIG, spec={"strategy": {"waves": ["100%"]}}),
+        State.ADVANCE,
+        Phase.PROGRESSING,
+        pulls=BIG,  # half are due; the rest would be within the interval
+        wake=TUNING.pull_first_s,
+        memory=Memory(call_times={n: NOW.mono - (0.3 if i % 2 else 0.1) for i, n in enumerate(BIG)}),
+    ),
+    Case(
+        "a-pulled-wave-with-none-due-waits-for-the-first",
+        _rollout(_progressing(_wave(0, BIG)), pods=BIG, spec={"strategy": {"waves": ["100%"]}}),
+        State.ADVANCE,
+        Phase.PROGRESSING,
+        wake=0.05,
+        memory=Memory(call_times={n: NOW.mono - (0.2 if i % 2 else 0.1) for i, n in enumerate(BIG)}),
+    ),
+    Case(
         "pulled-outcomes-heard-complete-the-wave-without-being-written-first",
         _rollout(_progressing(_wave(0, PODS)), spec={"strategy": {"waves": ["100%"]}}),
         State.ADVANCE,
