@@ -1,4 +1,8 @@
+from typing import Any
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ckpt_api.spec import LabelSelector
 from ckpt_rollout.selectors import selector_matches, selectors_overlap
@@ -45,3 +49,37 @@ def test_selectors_overlap(a: dict[str, str], b: dict[str, str], expected: bool)
     sa = LabelSelector.model_validate({"matchLabels": a})
     sb = LabelSelector.model_validate({"matchLabels": b})
     assert selectors_overlap(sa, sb) is expected
+
+
+_keys = st.sampled_from(["app", "tier", "canary"])
+_values = st.sampled_from(["a", "b", "c"])
+_requirement = st.one_of(
+    st.builds(
+        lambda k, op, vs: {"key": k, "operator": op, "values": vs},
+        _keys,
+        st.sampled_from(["In", "NotIn"]),
+        st.lists(_values, min_size=1, max_size=2, unique=True),
+    ),
+    st.builds(lambda k, op: {"key": k, "operator": op}, _keys, st.sampled_from(["Exists", "DoesNotExist"])),
+)
+_selectors = st.builds(
+    lambda labels, exprs: {
+        **({"matchLabels": labels} if labels else {}),
+        **({"matchExpressions": exprs} if exprs else {}),
+    },
+    st.dictionaries(_keys, _values, max_size=2),
+    st.lists(_requirement, max_size=2),
+).filter(bool)
+_label_sets = st.dictionaries(_keys, _values, max_size=3)
+
+
+@given(_selectors, _selectors, st.lists(_label_sets, min_size=1, max_size=20))
+def test_overlap_is_never_denied_when_some_pod_matches_both(
+    a: dict[str, Any], b: dict[str, Any], pods: list[dict[str, str]]
+) -> None:
+    """The overlap check may be conservative (claim an overlap that no pod shows) but must never
+    call two selectors disjoint when a pod matches both: that pod would be driven by two CRs."""
+    sa, sb = LabelSelector.model_validate(a), LabelSelector.model_validate(b)
+    if any(selector_matches(sa, p) and selector_matches(sb, p) for p in pods):
+        assert selectors_overlap(sa, sb)
+        assert selectors_overlap(sb, sa)
