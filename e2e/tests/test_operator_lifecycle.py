@@ -134,7 +134,9 @@ def test_hung_worker_exceeds_the_progress_deadline(
                 checkpoint_source,
                 "v2",
                 fleet,
-                timeouts={"workerSeconds": 2, "progressDeadlineSeconds": 4},
+                # The operator's calls to a stopped agent time out after 3 s (--agent-timeout in
+                # the harness): past this deadline, which the next step sees before anything else.
+                timeouts={"workerSeconds": 2, "progressDeadlineSeconds": 2},
                 failurePolicy={"onFailure": "Halt"},
             ),
         )
@@ -143,8 +145,7 @@ def test_hung_worker_exceeds_the_progress_deadline(
         for proc in processes:
             os.kill(proc.pid, signal.SIGCONT)
     assert status["phase"] == "Failed"
-    reason = conditions(status)["Failed"]["reason"]
-    assert reason in {"ProgressDeadlineExceeded", "WorkerTimeout", "AgentUnreachable"}, status
+    assert conditions(status)["Failed"]["reason"] == "ProgressDeadlineExceeded", status
 
 
 def _weights_ready(cluster: ClusterHandle, namespace: str, fleet: Fleet) -> dict[str, tuple[str, str]]:

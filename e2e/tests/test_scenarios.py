@@ -436,3 +436,34 @@ def test_abort(provider: Provider) -> None:
     assert status["previousVersion"] == "v1"
     assert set(_serving(provider, fleet, workers, SMALL).values()) == {"v3"}
     assert _calls(fleet, workers) == {w.name: (3 if w.name == canary else 1) for w in workers}
+
+
+@pytest.mark.parametrize(
+    ("worker_s", "deadline_s", "reason"),
+    [(2, 60, "WorkerTimeout"), (4, 4, "ProgressDeadlineExceeded")],
+    ids=["worker-timeout-first", "deadline-first"],
+)
+def test_a_hung_load_fails_on_the_first_timer_with_its_exact_reason(
+    provider: Provider, worker_s: int, deadline_s: int, reason: str
+) -> None:
+    """Loads that never end: the worker timeout fails the worker when it comes first; with equal
+    limits the deadline wins (it is checked before the wave, and runs from the rollout's start,
+    before any call)."""
+    fleet = provider.fleet(2, initial_version="b1", big=True)
+    with provider.source_stalled():
+        spec = provider.spec(
+            "b2",
+            fleet,
+            strategy={"waves": ["100%"]},
+            timeouts={"workerSeconds": worker_s, "progressDeadlineSeconds": deadline_s},
+            failurePolicy={"onFailure": "Halt"},
+        )
+        provider.rollouts.create(NAME, spec)
+        status = provider.rollouts.wait_phase(NAME, ENDED, timeout=60)
+    assert status["phase"] == "Failed", _why(status)
+    assert conditions(status)["Failed"]["reason"] == reason, _why(status)
+    workers = status.get("workers") or {}
+    if reason == "WorkerTimeout":
+        assert {e["reason"] for e in workers.values()} == {"WorkerTimeout"}, _why(status)
+    else:
+        assert "WorkerTimeout" not in {e.get("reason") for e in workers.values()}, _why(status)
