@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -273,14 +274,14 @@ def test_two_replicas_hand_over_without_double_updates(
         return len(rollouts.status("fleet").get("waves") or []) >= 2
 
     wait_for(wave2_started, 120, "wave 2 started", interval=0.05)
-    active = (
-        next(op for op in operator_pair if str(op.proc.pid) in (holder() or "")) if operator_pair else None
-    )
-    assert active is not None
+    # Each replica holds the Lease as "<hostname>-<pid>" (ckpt_rollout.leader).
+    identity = {op.name: f"{socket.gethostname()}-{op.proc.pid}" for op in operator_pair}
+    (active,) = [op for op in operator_pair if identity[op.name] == holder()]
+    (standby,) = [op for op in operator_pair if op is not active]
     active.kill()
+    wait_for(lambda: holder() == identity[standby.name], 60, "the standby to take the Lease")
     status = rollouts.wait_phase("fleet", {"Succeeded", "Failed", "RolledBack"}, timeout=180)
     assert status["phase"] == "Succeeded", status.get("message")
-    standby = next(op for op in operator_pair if op is not active)
     assert standby.alive
     for w in workers:
         assert load_calls(w, fleet.token) == 1, w.name
