@@ -275,7 +275,7 @@ def test_two_replicas_hand_over_without_double_updates(
 
     wait_for(wave2_started, 120, "wave 2 started", interval=0.05)
     # Each replica holds the Lease as "<hostname>-<pid>" (ckpt_rollout.leader).
-    identity = {op.name: f"{socket.gethostname()}-{op.proc.pid}" for op in operator_pair}
+    identity = {op.name: f"{socket.gethostname()}-{op.proc.pid if op.proc else None}" for op in operator_pair}
     (active,) = [op for op in operator_pair if identity[op.name] == holder()]
     (standby,) = [op for op in operator_pair if op is not active]
     active.kill()
