@@ -1,0 +1,100 @@
+"""The executor carries a Plan out: the status write first, then the calls, at most
+spec.strategy.maxConcurrency at once; what the calls and pulls say goes into Memory."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import pytest
+
+from ckpt_api.agent_api import AgentStatus, UpdateWeightsRequest
+from ckpt_api.vocabulary import AgentState, WorkerPhase
+from ckpt_e2e.testdata import VALID_SPEC, VALID_SPEC_DEFAULTS
+from ckpt_rollout.agent_client import CallResult
+from ckpt_rollout.executor import Reconciler
+from ckpt_rollout.mergepatch import apply_merge_patch
+from ckpt_rollout.world import Memory, Pod, Tuning
+
+
+class Api:
+    def __init__(self, obj: dict[str, Any]) -> None:
+        self.obj = obj
+        self.patches: list[dict[str, Any]] = []
+
+    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        self.patches.append(status)
+        self.obj = {**self.obj, "status": apply_merge_patch(self.obj.get("status") or {}, status)}
+        return self.obj
+
+
+class Agents:
+    """Agents that take a while to answer, counting how many calls are in flight at once."""
+
+    def __init__(self, api: Api, answer: int = 202) -> None:
+        self.api = api
+        self.answer = answer
+        self.in_flight = 0
+        self.most = 0
+        self.called_before_recorded: list[str] = []
+
+    async def update_weights(self, ip: str, port: int, request: UpdateWeightsRequest) -> CallResult:
+        name = f"w-{int(ip.rsplit('.', 1)[1]) - 1:03d}"
+        called = {p for w in (self.api.obj.get("status") or {}).get("waves", []) for p in w.get("called", [])}
+        if name not in called:
+            self.called_before_recorded.append(name)
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        await asyncio.sleep(0.01)
+        self.in_flight -= 1
+        if self.answer == 400:
+            return CallResult(400, {"error": "InvalidRequest", "message": "source.uri: refused"})
+        return CallResult(self.answer, {"accepted": True, "version": request.version})
+
+    async def status(self, ip: str, port: int) -> CallResult:
+        status = AgentStatus(version="v1", state=AgentState.IDLE)
+        return CallResult(200, status.to_wire(), agent_status=status)
+
+
+def _rollout(count: int, concurrency: int) -> tuple[dict[str, Any], list[Pod]]:
+    spec = copy.deepcopy(apply_merge_patch(VALID_SPEC_DEFAULTS, {**VALID_SPEC, "version": "v2"}))
+    spec["strategy"].update(waves=["100%"], maxConcurrency=concurrency)
+    meta = {"namespace": "rl", "name": "fleet", "uid": "u-1", "generation": 1, "resourceVersion": "1"}
+    obj = {"metadata": meta, "spec": spec, "status": {"stableVersion": "v1", "previousVersion": "v1"}}
+    pods = [Pod(f"w-{i:03d}", f"127.3.0.{i + 1}", {"app": "rollout-worker"}) for i in range(count)]
+    return obj, pods
+
+
+@pytest.mark.parametrize(("pods", "concurrency", "most"), [(40, 4, 4), (40, 16, 16), (3, 16, 3)])
+async def test_calls_go_out_at_most_max_concurrency_at_once_after_the_intent_write(
+    pods: int, concurrency: int, most: int
+) -> None:
+    obj, fleet = _rollout(pods, concurrency)
+    api = Api(obj)
+    agents = Agents(api)
+    memory = Memory()
+    await Reconciler(api, agents, Tuning()).step(api.obj, fleet, memory, lambda *_: None)  # type: ignore[arg-type]
+    assert agents.most == most
+    assert agents.called_before_recorded == [], "the status naming them as called is written first"
+    assert len(api.patches) == 1
+    assert sorted(memory.call_times) == [p.name for p in fleet]
+
+
+async def test_a_rejected_call_is_heard_and_written_as_the_workers_failure_in_the_next_step() -> None:
+    obj, fleet = _rollout(2, 4)
+    api = Api(obj)
+    agents = Agents(api, answer=400)
+    memory = Memory()
+    reconciler = Reconciler(api, agents, Tuning())  # type: ignore[arg-type]
+    _, delay = await reconciler.step(api.obj, fleet, memory, lambda *_: None)
+    assert delay == 0.0, "something was heard: the next step at once"
+    assert {e.reason for e in memory.heard.values()} == {"InvalidRequest"}
+    await reconciler.step(api.obj, fleet, memory, lambda *_: None)
+    workers = api.obj["status"]["workers"]
+    assert {n: (e["phase"], e["reason"]) for n, e in workers.items()} == {
+        p.name: (WorkerPhase.FAILED, "InvalidRequest") for p in fleet
+    }
+    # Refused calls kept the old weights: nothing to roll back, so the rollback ends at once.
+    assert (api.obj["status"]["phase"], api.obj["status"]["rollback"]["pods"]) == ("RolledBack", [])
+    assert memory.heard == {}, "what was written is no longer held"
