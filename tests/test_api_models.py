@@ -5,12 +5,12 @@ from pydantic import ValidationError
 
 from ckpt_api.spec import CheckpointRolloutSpec, Strategy
 from ckpt_api.versions import validate_version
-from ckpt_e2e.testdata import INVALID_SPECS, VALID_SPEC, VALID_SPEC_DEFAULTS, InvalidSpec
+from ckpt_e2e.testdata import INVALID_SPECS, InvalidSpec, valid_spec, valid_spec_defaults
 
 
 def test_valid_spec_gets_the_documented_defaults() -> None:
-    wire = CheckpointRolloutSpec.model_validate(VALID_SPEC).to_wire()
-    assert wire == {**VALID_SPEC, **VALID_SPEC_DEFAULTS}
+    wire = CheckpointRolloutSpec.model_validate(valid_spec()).to_wire()
+    assert wire == {**valid_spec(), **valid_spec_defaults()}
 
 
 def test_the_invalid_table_is_big_enough_and_ids_are_unique() -> None:
@@ -64,7 +64,7 @@ def test_validate_version(version: object, ok: bool) -> None:
 
 
 def test_max_failures_accepts_zero_percent_and_ints() -> None:
-    spec = {**VALID_SPEC, "failurePolicy": {"maxFailures": "0%", "onFailure": "Halt"}}
+    spec = {**valid_spec(), "failurePolicy": {"maxFailures": "0%", "onFailure": "Halt"}}
     assert CheckpointRolloutSpec.model_validate(spec).failure_policy.max_failures == "0%"
-    spec = {**VALID_SPEC, "failurePolicy": {"maxFailures": 3}}
+    spec = {**valid_spec(), "failurePolicy": {"maxFailures": 3}}
     assert CheckpointRolloutSpec.model_validate(spec).failure_policy.max_failures == 3

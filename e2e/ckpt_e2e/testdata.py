@@ -7,14 +7,14 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-VALID_SPEC: dict[str, Any] = {
+_VALID_SPEC: dict[str, Any] = {
     "version": "global_step_1200",
     "source": {"uri": "http://ckpt-src.rl.svc:8080"},
     "selector": {"matchLabels": {"app": "rollout-worker"}},
 }
 
-# What the apiserver fills in for VALID_SPEC (the defaults users can rely on).
-VALID_SPEC_DEFAULTS: dict[str, Any] = {
+# What the apiserver fills in for it (the defaults users can rely on).
+_VALID_SPEC_DEFAULTS: dict[str, Any] = {
     "verifyChecksum": False,
     "agent": {"port": 8089},
     "strategy": {
@@ -30,6 +30,16 @@ VALID_SPEC_DEFAULTS: dict[str, Any] = {
 }
 
 
+def valid_spec() -> dict[str, Any]:
+    """A minimal valid spec, a fresh copy each call (tests change what they get)."""
+    return copy.deepcopy(_VALID_SPEC)
+
+
+def valid_spec_defaults() -> dict[str, Any]:
+    """What the apiserver fills in for valid_spec(), a fresh copy each call."""
+    return copy.deepcopy(_VALID_SPEC_DEFAULTS)
+
+
 @dataclass(frozen=True)
 class InvalidSpec:
     id: str
@@ -40,8 +50,8 @@ class InvalidSpec:
 
 
 def _with(path: str, value: Any) -> dict[str, Any]:
-    """VALID_SPEC with ``path`` (dotted) set to ``value``; the sentinel _DELETE removes it."""
-    spec = copy.deepcopy(VALID_SPEC)
+    """valid_spec() with ``path`` (dotted) set to ``value``; the sentinel _DELETE removes it."""
+    spec = valid_spec()
     node = spec
     *parents, leaf = path.split(".")
     for key in parents:

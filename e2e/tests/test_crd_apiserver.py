@@ -10,7 +10,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from ckpt_e2e.fixtures import ClusterHandle
-from ckpt_e2e.testdata import INVALID_SPECS, VALID_SPEC, VALID_SPEC_DEFAULTS, InvalidSpec
+from ckpt_e2e.testdata import INVALID_SPECS, InvalidSpec, valid_spec, valid_spec_defaults
 
 pytestmark = pytest.mark.integration
 
@@ -52,9 +52,9 @@ def test_invalid_spec_is_rejected_at_create(
 @pytest.mark.usefixtures("crd")
 def test_valid_spec_is_accepted_with_defaults(k8s_api: client.ApiClient, namespace: str) -> None:
     api = client.CustomObjectsApi(k8s_api)
-    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, _rollout("ok", VALID_SPEC))
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, _rollout("ok", valid_spec()))
     stored = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "ok")["spec"]
-    for key, value in VALID_SPEC.items():
+    for key, value in valid_spec().items():
         assert stored[key] == value, key
-    for key, default in VALID_SPEC_DEFAULTS.items():
+    for key, default in valid_spec_defaults().items():
         assert stored.get(key) == default, f"default for spec.{key}"

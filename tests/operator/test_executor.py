@@ -4,14 +4,13 @@ spec.strategy.maxConcurrency at once; what the calls and pulls say goes into Mem
 from __future__ import annotations
 
 import asyncio
-import copy
 from typing import Any
 
 import pytest
 
 from ckpt_api.agent_api import AgentStatus, UpdateWeightsRequest
 from ckpt_api.vocabulary import AgentState, WorkerPhase
-from ckpt_e2e.testdata import VALID_SPEC, VALID_SPEC_DEFAULTS
+from ckpt_e2e.testdata import valid_spec, valid_spec_defaults
 from ckpt_rollout.agent_client import CallResult
 from ckpt_rollout.executor import Reconciler
 from ckpt_rollout.mergepatch import apply_merge_patch
@@ -58,7 +57,7 @@ class Agents:
 
 
 def _rollout(count: int, concurrency: int) -> tuple[dict[str, Any], list[Pod]]:
-    spec = copy.deepcopy(apply_merge_patch(VALID_SPEC_DEFAULTS, {**VALID_SPEC, "version": "v2"}))
+    spec = apply_merge_patch(valid_spec_defaults(), {**valid_spec(), "version": "v2"})
     spec["strategy"].update(waves=["100%"], maxConcurrency=concurrency)
     meta = {"namespace": "rl", "name": "fleet", "uid": "u-1", "generation": 1, "resourceVersion": "1"}
     obj = {"metadata": meta, "spec": spec, "status": {"stableVersion": "v1", "previousVersion": "v1"}}

@@ -3,7 +3,6 @@ situation a rollout meets (every state and transition), with the plan it must pr
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +23,7 @@ from ckpt_api.vocabulary import (
     WorkerPhase,
     WorkerReason,
 )
-from ckpt_e2e.testdata import VALID_SPEC, VALID_SPEC_DEFAULTS
+from ckpt_e2e.testdata import valid_spec, valid_spec_defaults
 from ckpt_rollout.machine import State, classify, decide
 from ckpt_rollout.mergepatch import apply_merge_patch
 from ckpt_rollout.plan import Draft, Meta, Plan, Rollout
@@ -50,7 +49,7 @@ def _rollout(
     annotations: dict[str, str] | None = None,
     peers: tuple[Peer, ...] = (),
 ) -> Rollout:
-    wire = copy.deepcopy(apply_merge_patch(VALID_SPEC_DEFAULTS, {**VALID_SPEC, "version": "v2"}))
+    wire = apply_merge_patch(valid_spec_defaults(), {**valid_spec(), "version": "v2"})
     wire = apply_merge_patch(wire, spec or {})
     return Rollout(
         meta=Meta("rl", "fleet", "u-1", 3, "t1", annotations or {}),

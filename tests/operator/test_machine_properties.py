@@ -19,7 +19,7 @@ from ckpt_api.agent_api import AgentStatus, LastError
 from ckpt_api.spec import CheckpointRolloutSpec
 from ckpt_api.status import CheckpointRolloutStatus, WorkerStatus
 from ckpt_api.vocabulary import TERMINAL_PHASES, AgentState, WorkerPhase, WorkerReason
-from ckpt_e2e.testdata import VALID_SPEC, VALID_SPEC_DEFAULTS
+from ckpt_e2e.testdata import valid_spec, valid_spec_defaults
 from ckpt_rollout.machine import decide
 from ckpt_rollout.mergepatch import apply_merge_patch, merge_diff
 from ckpt_rollout.outcomes import Outcome, pulled_outcome
@@ -90,7 +90,7 @@ class World:
 
 
 def _spec(waves: list[Any], max_failures: int) -> CheckpointRolloutSpec:
-    wire = apply_merge_patch(VALID_SPEC_DEFAULTS, {**VALID_SPEC, "version": "v2"})
+    wire = apply_merge_patch(valid_spec_defaults(), {**valid_spec(), "version": "v2"})
     wire = apply_merge_patch(
         wire, {"strategy": {"waves": waves}, "failurePolicy": {"maxFailures": max_failures}}
     )

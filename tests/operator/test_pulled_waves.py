@@ -4,11 +4,10 @@ apiserver (merge patches on one object) and of the agents."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from ckpt_api.agent_api import AgentStatus, LastError, UpdateWeightsRequest
-from ckpt_e2e.testdata import VALID_SPEC, VALID_SPEC_DEFAULTS
+from ckpt_e2e.testdata import valid_spec, valid_spec_defaults
 from ckpt_rollout.agent_client import CallResult
 from ckpt_rollout.executor import Reconciler
 from ckpt_rollout.mergepatch import apply_merge_patch
@@ -79,8 +78,7 @@ def _fleet(count: int) -> list[Pod]:
 
 
 def _rollout(waves: list[Any], **spec: Any) -> dict[str, Any]:
-    # Deep copies: the shared testdata dicts must never be mutated by a test.
-    full = copy.deepcopy(apply_merge_patch(VALID_SPEC_DEFAULTS, {**VALID_SPEC, "version": TARGET, **spec}))
+    full = apply_merge_patch(valid_spec_defaults(), {**valid_spec(), "version": TARGET, **spec})
     full["strategy"]["waves"] = waves
     meta = {"namespace": "rl", "name": "fleet", "uid": "u-1", "generation": 1, "creationTimestamp": "t"}
     return {"metadata": meta, "spec": full, "status": {"stableVersion": "v1", "previousVersion": "v1"}}

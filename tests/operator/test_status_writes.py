@@ -28,7 +28,7 @@ from ckpt_api.vocabulary import (
     WorkerReason,
 )
 from ckpt_e2e.crdschema import schema_problems, status_schema
-from ckpt_e2e.testdata import VALID_SPEC, VALID_SPEC_DEFAULTS
+from ckpt_e2e.testdata import valid_spec, valid_spec_defaults
 from ckpt_rollout.agent_client import CallResult
 from ckpt_rollout.executor import Reconciler
 from ckpt_rollout.mergepatch import apply_merge_patch
@@ -175,7 +175,7 @@ def _fleet(count: int, first: int = 0) -> list[Pod]:
 
 
 def _rollout(**spec: Any) -> dict[str, Any]:
-    full = copy.deepcopy(apply_merge_patch(VALID_SPEC_DEFAULTS, {**VALID_SPEC, "version": "v2", **spec}))
+    full = apply_merge_patch(valid_spec_defaults(), {**valid_spec(), "version": "v2", **spec})
     meta = {"namespace": "rl", "name": "fleet", "uid": "u-1", "generation": 1, "creationTimestamp": "t1"}
     return {"metadata": meta, "spec": full, "status": {}}
 
