@@ -179,7 +179,8 @@ def _scenarios(
 ) -> tuple[list[str], dict[str, list[str]], list[Any], int, list[tuple[int, str]]]:
     names = [f"p{i}" for i in range(draw(st.integers(1, 9)))]
     plans = {n: draw(st.lists(st.sampled_from(BEHAVIOURS), max_size=3)) for n in names}
-    waves = draw(st.sampled_from([["100%"], [1, "100%"], [1, "50%", "100%"], [2, 3, "100%"]]))
+    shapes: list[list[Any]] = [["100%"], [1, "100%"], [1, "50%", "100%"], [2, 3, "100%"]]
+    waves = draw(st.sampled_from(shapes))
     max_failures = draw(st.integers(0, 3))
     churn = draw(st.lists(st.tuples(st.integers(0, 30), st.sampled_from(["leave", "join"])), max_size=3))
     return names, plans, waves, max_failures, churn
