@@ -354,6 +354,20 @@ CASES = [
         observe=_reports,
         observed={False},  # the agents are asked not to write status.workers
     ),
+    *(
+        Case(
+            f"a-wave-of-{size}-is-{'pulled' if pulled else 'pushed'}",
+            _rollout(_progressing(), pods=BIG[:size], spec={"strategy": {"waves": ["100%"]}}),
+            State.ADVANCE,
+            Phase.PROGRESSING,
+            calls=BIG[:size],
+            events=[EventReason.WAVE_STARTED],
+            wake=TUNING.pull_first_s if pulled else TUNING.pull_after_s,
+            observe=_reports,
+            observed={not pulled},
+        )
+        for size, pulled in ((TUNING.push_max_wave, False), (TUNING.push_max_wave + 1, True))
+    ),
     Case(
         "a-pulled-wave-is-pulled-in-rounds-not-pod-by-pod",
         _rollout(_progressing(_wave(0, BIG)), pods=BIG, spec={"strategy": {"waves": ["100%"]}}),
