@@ -63,15 +63,30 @@ def _crd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ckpt-rollout")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
+def _prog() -> str:
+    """`kubectl ckpt` when kubectl runs us as its plugin (the `kubectl-ckpt` script)."""
+    return "kubectl ckpt" if sys.argv and sys.argv[0].endswith("kubectl-ckpt") else "ckpt-rollout"
+
+
 def build_parser(groups: Sequence[CommandGroup] = GROUPS) -> argparse.ArgumentParser:
     absent = [g for g in groups if not g.installed()]
     epilog = "\n".join(f"not installed: {', '.join(g.commands)} (needs {g.install_hint})" for g in absent)
     parser = argparse.ArgumentParser(
-        prog="ckpt-rollout",
+        prog=_prog(),
         description="Roll model checkpoints out to a running inference fleet in place, in waves.",
         epilog=epilog or None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     crd = sub.add_parser("crd", help="print the CheckpointRollout CRD (generated from the models)")
     crd.set_defaults(func=_crd)

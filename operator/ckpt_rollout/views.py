@@ -14,7 +14,9 @@ def _table(rows: list[list[str]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
-def status_table(obj: dict[str, Any]) -> str:
+def status_table(obj: dict[str, Any], *, wide: bool = False) -> str:
+    """The rollout as tables; ``wide`` adds each worker's live version, wave and bytes, and
+    prints messages whole."""
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
     meta = obj.get("metadata") or {}
@@ -47,10 +49,13 @@ def status_table(obj: dict[str, Any]) -> str:
         lines += ["", _table(rows)]
     workers = status.get("workers") or {}
     if workers:
-        rows = [["WORKER", "VERSION", "PHASE", "REASON", "VERIFIED", "SECONDS", "MESSAGE"]]
+        extra = ["LIVE", "WAVE", "BYTES"] if wide else []
+        rows = [["WORKER", "VERSION", "PHASE", "REASON", "VERIFIED", "SECONDS", *extra, "MESSAGE"]]
         for name in sorted(workers):
             e = workers[name]
             seconds = e.get("seconds")
+            more = [_cell(e.get("liveVersion")), _cell(e.get("wave")), _cell(e.get("bytes"))] if wide else []
+            message = _cell(e.get("message"))
             rows.append(
                 [
                     name,
@@ -59,7 +64,8 @@ def status_table(obj: dict[str, Any]) -> str:
                     _cell(e.get("reason")),
                     _cell(e.get("checksumVerified")),
                     "-" if seconds is None else f"{seconds:.2f}",
-                    _cell(e.get("message"))[:80],
+                    *more,
+                    message if wide else message[:80],
                 ]
             )
         lines += ["", _table(rows)]
