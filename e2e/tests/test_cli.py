@@ -1,7 +1,7 @@
 """The user CLI as a user meets it: everyday mistakes end in one line and a documented exit code,
 never a traceback; `-o json|yaml`, `--kubeconfig`, `--version`, the kubectl plugin name; promote
-refuses a rollout that is not paused; Ctrl-C ends a watch quietly. Against the local control
-plane."""
+refuses a rollout that is not paused, retry one that has not failed; Ctrl-C ends a watch
+quietly. Against the local control plane."""
 
 from __future__ import annotations
 
@@ -78,8 +78,9 @@ def test_not_found_output_formats_and_promote_refused(
 
     # No operator runs here: the rollout never paused, so there is nothing to promote.
     _one_line_error(_run("promote", "fleet", *base), 5, "not paused after a wave")
+    _one_line_error(_run("retry", "fleet", *base), 5, "only a Failed or RolledBack rollout is retried")
     annotations = rollouts.get("fleet")["metadata"].get("annotations") or {}
-    assert not any(key.endswith("/promote") for key in annotations), "a refused promote writes nothing"
+    assert not any(key.endswith(("/promote", "/retry")) for key in annotations), "refusals write nothing"
 
 
 def test_ctrl_c_ends_a_watch_quietly(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from ckpt_e2e.fixtures import ClusterHandle
 from ckpt_e2e.procs import free_ports, wait_for
 from ckpt_e2e.rollout_env import (
+    CLI,
     CheckpointSource,
     OperatorProcess,
     Rollouts,
@@ -117,14 +119,15 @@ def test_paused_time_does_not_count_toward_the_deadline(
     assert status["pausedSeconds"] >= 4
 
 
-def test_hung_worker_exceeds_the_progress_deadline(
+def test_hung_worker_exceeds_the_progress_deadline_then_a_retry_succeeds(
     fleet_factory: Callable[..., Fleet],
     checkpoint_source: CheckpointSource,
     operator: OperatorProcess,
     rollouts: Rollouts,
+    cluster: ClusterHandle,
 ) -> None:
     fleet = fleet_factory(2)
-    fleet.workers(2)
+    workers = fleet.workers(2)
     processes = list(fleet.runtime.running().values())
     for proc in processes:  # every agent hangs: whoever is the canary never answers
         os.kill(proc.pid, signal.SIGSTOP)
@@ -147,6 +150,21 @@ def test_hung_worker_exceeds_the_progress_deadline(
             os.kill(proc.pid, signal.SIGCONT)
     assert status["phase"] == "Failed"
     assert conditions(status)["Failed"]["reason"] == "ProgressDeadlineExceeded", status
+
+    # The cause fixed (agents answer again, a deadline that fits), the same version once more.
+    rollouts.patch_spec("fleet", {"timeouts": {"workerSeconds": 60, "progressDeadlineSeconds": 300}})
+    retry = subprocess.run(
+        [*CLI, "retry", "fleet", "-n", rollouts.namespace, "--kubeconfig", str(cluster.kubeconfig)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert retry.returncode == 0, retry.stderr
+    status = rollouts.wait_phase("fleet", {"Succeeded", "Failed", "RolledBack"}, timeout=120)
+    assert status["phase"] == "Succeeded", status.get("message")
+    assert set(_serving(workers, fleet.token, checkpoint_source).values()) == {"v2"}
+    reasons = [e["reason"] for e in rollouts.events("fleet")]
+    assert reasons.count("RolloutStarted") == 2
 
 
 def _weights_ready(cluster: ClusterHandle, namespace: str, fleet: Fleet) -> dict[str, tuple[str, str]]:

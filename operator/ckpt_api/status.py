@@ -93,6 +93,9 @@ class CheckpointRolloutStatus(ApiModel):
     workers: dict[str, WorkerStatus] = {}
     waves: list[WaveStatus] = []
     rollback: RollbackStatus | None = None
+    retried: Annotated[
+        str | None, Field(description="The retry annotation's value this rollout last acted on")
+    ] = None
     superseded_version: Annotated[
         str | None, Field(description="The in-flight version this rollout replaced")
     ] = None

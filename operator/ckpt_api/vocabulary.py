@@ -222,6 +222,7 @@ class WorkerResult(StrEnum):
 # On a CheckpointRollout, set by `ckpt-rollout promote|abort` (or by hand).
 PROMOTE_ANNOTATION = f"{GROUP}/promote"  # value: the wave index (0-based) promoted past
 ABORT_ANNOTATION = f"{GROUP}/abort"  # value: the version to abort
+RETRY_ANNOTATION = f"{GROUP}/retry"  # value: a new token (e.g. a timestamp) per retry
 
 # kopf's bookkeeping on CheckpointRollouts, under our API group rather than kopf.zalando.org.
 FINALIZER = f"{GROUP}/finalizer"

@@ -8,7 +8,8 @@ Everyday mistakes end in one line on stderr and an exit code, never a traceback:
     2  usage error; watch timed out
     3  no usable kubeconfig, or the apiserver cannot be reached
     4  the CheckpointRollout does not exist
-    5  refused: the rollout is not in a state the command applies to (e.g. promote, not paused)
+    5  refused: the rollout is not in a state the command applies to (promote: not paused after
+       a wave; retry: not Failed or RolledBack)
     6  the apiserver refused the request (e.g. RBAC)
   130  interrupted (Ctrl-C)
 """
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ckpt_api.constants import GROUP, PLURAL, VERSION
-from ckpt_api.vocabulary import ABORT_ANNOTATION, PROMOTE_ANNOTATION, Phase
+from ckpt_api.vocabulary import ABORT_ANNOTATION, FAILED_PHASES, PROMOTE_ANNOTATION, RETRY_ANNOTATION, Phase
 from ckpt_rollout.views import progress_line, status_table, watch_exit_code
 
 EXIT_UNREACHABLE, EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_API_ERROR, EXIT_INTERRUPTED = 3, 4, 5, 6, 130
@@ -173,6 +174,23 @@ def abort_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def retry_command(args: argparse.Namespace) -> int:
+    """Roll the same version out again after it ended Failed or RolledBack."""
+    api, namespace = _api(args)
+    obj = _get(api, namespace, args.name)
+    phase = (obj.get("status") or {}).get("phase")
+    if phase not in FAILED_PHASES:
+        raise CommandError(
+            f"{args.name}: phase is {phase or 'unknown'}; only a Failed or RolledBack rollout is retried",
+            EXIT_REFUSED,
+        )
+    token = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + f".{time.time_ns() % 1_000_000:06d}"
+    _patch(api, namespace, args.name, {"metadata": {"annotations": {RETRY_ANNOTATION: token}}})
+    version = (obj.get("spec") or {}).get("version")
+    print(f"{args.name}: retrying {version} (was {phase})")
+    return 0
+
+
 def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
@@ -211,6 +229,7 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
         ("resume", resume_command, "resume a paused rollout"),
         ("promote", promote_command, "continue past a pauseAfterWave (refused unless paused there)"),
         ("abort", abort_command, "stop a rollout and roll updated workers back"),
+        ("retry", retry_command, "roll the same version out again after Failed or RolledBack"),
     ):
         parser = sub.add_parser(name, help=text)
         _common(parser)

@@ -7,7 +7,8 @@ operator resumes where the last one stopped: wave membership and the pods about 
 are in the status the executor writes *before* it makes the calls.
 
 States: Conflict (stalled on an older overlapping CR), Start (a new spec.version, possibly
-superseding one in flight), RollingBack, Done (terminal; Succeeded corrects drift), Abort,
+superseding one in flight), Retry (the same version again after Failed or RolledBack, asked for
+with the retry annotation), RollingBack, Done (terminal; Succeeded corrects drift), Abort,
 Deadline, NoWorkers, Advance (pause/promote, waves, drift waves, finish).
 """
 
@@ -18,7 +19,9 @@ from ckpt_api.spec import FailureAction, LabelSelector
 from ckpt_api.status import RollbackStatus, WaveStatus
 from ckpt_api.vocabulary import (
     ABORT_ANNOTATION,
+    FAILED_PHASES,
     PROMOTE_ANNOTATION,
+    RETRY_ANNOTATION,
     TERMINAL_PHASES,
     EventReason,
     EventType,
@@ -46,6 +49,7 @@ _MAX_TRANSITIONS = 8  # a step chains at most this many (each one advances the s
 class State(Enum):
     CONFLICT = auto()
     START = auto()
+    RETRY = auto()
     ROLLING_BACK = auto()
     DONE = auto()
     ABORT = auto()
@@ -73,6 +77,9 @@ def classify(d: Draft) -> State:
         return State.START
     if status.phase is Phase.ROLLING_BACK:
         return State.ROLLING_BACK
+    retry = d.rollout.meta.annotations.get(RETRY_ANNOTATION)
+    if status.phase in FAILED_PHASES and retry and retry != status.retried:
+        return State.RETRY
     if status.phase in TERMINAL_PHASES:
         return State.DONE
     if d.rollout.meta.annotations.get(ABORT_ANNOTATION) == spec.version:
@@ -124,13 +131,22 @@ def _conflict(d: Draft) -> bool:
 # -- a new version -----------------------------------------------------------------------------
 
 
-def _start(d: Draft) -> bool:
+def _retry(d: Draft) -> bool:
+    """The same version from the start: pods already serving it answer "already live"."""
+    ended = d.status.phase
+    d.set(retried=d.rollout.meta.annotations[RETRY_ANNOTATION])
+    return _start(d, why=f"retrying after {ended}")
+
+
+def _start(d: Draft, why: str = "") -> bool:
     status, spec = d.status, d.spec
     superseding = status.phase in (Phase.PROGRESSING, Phase.PAUSED)
     old_target = status.target_version
     previous = status.stable_version or status.previous_version
     message = f"rolling out {spec.version} to {len(d.rollout.pods)} pods in {len(spec.strategy.waves)} waves"
     waves: list[WaveStatus] = []
+    if why:
+        message = f"{why}: {message}"
     if superseding:
         message = f"{old_target} superseded by {spec.version}; " + message
         # Pods the superseded rollout already called get the newest version first.
@@ -536,6 +552,7 @@ def _rolling_back(d: Draft) -> bool:
 TRANSITIONS: dict[State, Transition] = {
     State.CONFLICT: _conflict,
     State.START: _start,
+    State.RETRY: _retry,
     State.ROLLING_BACK: _rolling_back,
     State.DONE: _done,
     State.ABORT: _abort,

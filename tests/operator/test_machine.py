@@ -14,6 +14,7 @@ from ckpt_api.status import CheckpointRolloutStatus, WorkerStatus
 from ckpt_api.vocabulary import (
     ABORT_ANNOTATION,
     PROMOTE_ANNOTATION,
+    RETRY_ANNOTATION,
     ConditionType,
     EventReason,
     Phase,
@@ -471,6 +472,37 @@ CASES = [
         wake=TUNING.pull_after_s,
         observe=lambda p: (_waves(p)[0][:2], p.status.superseded_version, p.status.workers),
         observed=((WaveKind.CATCH_UP, WavePhase.RUNNING), "v1b", {}),
+    ),
+    Case(
+        "retry-after-a-rollback-rolls-the-same-version-out-again",
+        _rollout(
+            _progressing(_done(0, [CANARY]), phase="RolledBack", stableVersion="v1"),
+            annotations={RETRY_ANNOTATION: "t1"},
+        ),
+        State.RETRY,
+        Phase.PROGRESSING,
+        calls=[CANARY],
+        events=[EventReason.ROLLOUT_STARTED, EventReason.WAVE_STARTED],
+        wake=TUNING.pull_after_s,
+        observe=lambda p: (p.status.retried, p.status.previous_version, p.events[0].message.split(":")[0]),
+        observed=("t1", "v1", "retrying after RolledBack"),
+    ),
+    Case(
+        "a-retry-already-acted-on-is-not-repeated",
+        _rollout(
+            _progressing(_done(0, [CANARY]), phase="RolledBack", retried="t1"),
+            annotations={RETRY_ANNOTATION: "t1"},
+        ),
+        State.DONE,
+        Phase.ROLLED_BACK,
+    ),
+    Case(
+        "retry-is-ignored-while-the-rollout-is-live",
+        _rollout(_progressing(_wave(0, [CANARY])), annotations={RETRY_ANNOTATION: "t1"}),
+        State.ADVANCE,
+        Phase.PROGRESSING,
+        wake=TUNING.pull_after_s,
+        memory=_called_now(CANARY),
     ),
     Case(
         "abort-rolls-the-called-pods-back",
