@@ -134,7 +134,7 @@ def run(workers: int, hidden: int, layers: int, workdir: Path) -> int:
 
 
 def _watch(kubeconfig: Path, version: str) -> None:
-    env_cmd = [*CLI, "watch", "fleet", "-n", NAMESPACE, "--interval", "0.5", "--timeout", "300"]
+    env_cmd = [*CLI, "watch", "fleet", "-n", NAMESPACE, "--timeout", "300"]
     proc = subprocess.run(env_cmd, env={**os.environ, "KUBECONFIG": str(kubeconfig)}, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"demo: FAILED: rollout of {version} did not succeed (watch exit {proc.returncode})")

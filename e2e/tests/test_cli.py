@@ -89,7 +89,7 @@ def test_ctrl_c_ends_a_watch_quietly(
     rollouts.create("fleet", rollout_spec("http://127.0.0.1:9/x", "v2", {"app": "nobody"}))
     kubeconfig = str(cluster.kubeconfig)
     proc = subprocess.Popen(
-        [*CLI, "watch", "fleet", "--kubeconfig", kubeconfig, "-n", namespace, "--interval", "0.2"],
+        [*CLI, "watch", "fleet", "--kubeconfig", kubeconfig, "-n", namespace],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -112,12 +112,14 @@ def status_command(args: argparse.Namespace) -> int:
 
 
 def watch_command(args: argparse.Namespace) -> int:
+    """Follow the rollout through the watch API (each change is pushed, no polling) until it
+    ends or --timeout passes."""
     api, namespace = _api(args)
+    obj = _get(api, namespace, args.name)
     deadline = time.monotonic() + args.timeout if args.timeout else None
     tty = sys.stdout.isatty()
     last = ""
     while True:
-        obj = _get(api, namespace, args.name)
         line = progress_line(obj)
         if line != last:
             sys.stdout.write(("\r\033[K" if tty else "") + line + ("" if tty else "\n"))
@@ -131,10 +133,53 @@ def watch_command(args: argparse.Namespace) -> int:
             if message:
                 print(message)
             return code
-        if deadline is not None and time.monotonic() > deadline:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
             print(f"\nwatch: timed out after {args.timeout}s", file=sys.stderr)
             return 2
-        time.sleep(args.interval)
+        obj = _next_change(api, namespace, args.name, obj, left) or obj
+
+
+def _next_change(
+    api: Any, namespace: str, name: str, obj: dict[str, Any], left: float | None
+) -> dict[str, Any] | None:
+    """The object after its next change, or None if none came within ``left`` (at most a minute:
+    then the caller looks again)."""
+    from kubernetes import watch
+    from kubernetes.client.exceptions import ApiException
+
+    wait_s = max(1, int(min(left if left is not None else 60.0, 60.0)))
+    version = (obj.get("metadata") or {}).get("resourceVersion")
+
+    def first_event() -> Any:
+        stream = watch.Watch().stream(
+            api.list_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            field_selector=f"metadata.name={name}",
+            resource_version=version,
+            timeout_seconds=wait_s,
+        )
+        try:
+            for event in stream:
+                return event
+        except ApiException as exc:
+            if exc.status == 410:  # our version is too old to watch from
+                return {"type": "GONE"}
+            raise
+        return None
+
+    event = _request("watch", namespace, name, first_event)
+    if event is None:
+        return None
+    if event.get("type") in ("GONE", "ERROR"):  # start over from the object as it is now
+        return _get(api, namespace, name)
+    if event.get("type") == "DELETED":
+        raise CommandError(f"checkpointrollout {namespace}/{name} was deleted", EXIT_NOT_FOUND)
+    changed: dict[str, Any] = event.get("object") or {}
+    return changed
 
 
 def pause_command(args: argparse.Namespace) -> int:
@@ -221,7 +266,6 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
     status.set_defaults(func=_guarded(status_command))
     watch = sub.add_parser("watch", help="follow a rollout until it ends (exit 1 if it fails)")
     _common(watch)
-    watch.add_argument("--interval", type=float, default=1.0, help="seconds between polls")
     watch.add_argument("--timeout", type=float, default=0, help="give up after N seconds (0: never)")
     watch.set_defaults(func=_guarded(watch_command))
     for name, func, text in (
