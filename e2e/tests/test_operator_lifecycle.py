@@ -3,6 +3,7 @@ metrics — each on the local control plane with real agents."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -301,6 +302,8 @@ def test_two_replicas_hand_over_without_double_updates(
     status = rollouts.wait_phase("fleet", {"Succeeded", "Failed", "RolledBack"}, timeout=180)
     assert status["phase"] == "Succeeded", status.get("message")
     assert standby.alive
+    # Logging is set up before the election: the standby's wait is in its log.
+    assert "waiting for lease" in standby.log_path.read_text()
     for w in workers:
         assert load_calls(w, fleet.token) == 1, w.name
 
@@ -341,3 +344,27 @@ def test_operator_metrics(
     assert metric_value(text, "ckpt_rollout_wave_duration_seconds_count") == 2
     assert metric_value(text, "ckpt_rollout_agent_call_seconds_count", {"call": "update_weights"}) == 2
     assert metric_value(text, "ckpt_rollout_phase", {"name": "fleet", "phase": "Succeeded"}) == 1
+
+
+def test_json_logs_one_object_per_line(
+    cluster: ClusterHandle,
+    crd_installed: None,
+    namespace: str,
+    operator_identity: tuple[str, Path],
+    tmp_path: Path,
+) -> None:
+    op = OperatorProcess(
+        cluster.kubeconfig, namespace, operator_identity[1], tmp_path / "op", ["--log-format", "json"]
+    )
+    op.start()
+    try:
+        lines = wait_for(
+            lambda: [ln for ln in op.log_path.read_text().splitlines() if ln.strip()][:3] or None,
+            30,
+            "the operator's first log lines",
+        )
+    finally:
+        op.stop()
+    for line in lines:
+        record = json.loads(line)
+        assert record["message"], line

@@ -20,6 +20,7 @@ class OperatorConfig:
     watch_server_timeout_s: int = 300
     leader_election: bool = False
     lease_namespace: str | None = None
+    log_format: str = "text"
     tuning: Tuning = field(default_factory=Tuning)
 
 
@@ -59,6 +60,12 @@ def add_operator_arguments(parser: argparse.ArgumentParser) -> None:
         "--leader-election", action="store_true", default=env("CKPT_LEADER_ELECTION", "") == "true"
     )
     parser.add_argument("--lease-namespace", default=env("CKPT_LEASE_NAMESPACE") or env("POD_NAMESPACE"))
+    parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default=env("CKPT_LOG_FORMAT", "text"),
+        help="json: one object per line (kopf's JSON format); env CKPT_LOG_FORMAT",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> OperatorConfig:
@@ -75,4 +82,5 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         agent_timeout_s=args.agent_timeout,
         leader_election=args.leader_election,
         lease_namespace=args.lease_namespace,
+        log_format=args.log_format,
     )

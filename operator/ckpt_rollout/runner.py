@@ -1,15 +1,23 @@
 """`ckpt-rollout operator`: runs kopf with our handlers and settings."""
 
 import argparse
-import logging
 
 from ckpt_rollout.config import OperatorConfig, add_operator_arguments, config_from_args
+
+
+def configure_logging(log_format: str) -> None:
+    """Before anything logs (leader election's first lines included); kopf.run keeps it."""
+    import kopf
+
+    kopf.configure(log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.FULL)
 
 
 def run_operator(config: OperatorConfig) -> int:
     import kopf
 
     from ckpt_rollout import handlers  # noqa: F401  (importing registers the kopf handlers)
+
+    configure_logging(config.log_format)
 
     if config.metrics_port:
         from prometheus_client import start_http_server
@@ -24,7 +32,6 @@ def run_operator(config: OperatorConfig) -> int:
         with liveness_while_standby(config.liveness_host, config.liveness_port):
             elector.acquire()
         elector.keep_renewing()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     kopf.run(
         clusterwide=not config.namespaces,
         namespaces=config.namespaces,
