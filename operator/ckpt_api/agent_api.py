@@ -10,6 +10,7 @@ of an agent one release ahead of it.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -17,7 +18,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue
 
 from ckpt_api.constants import DIGEST_PATTERN, SOURCE_SCHEMES, SOURCE_URI_PATTERN, VERSION_PATTERN
 from ckpt_api.versions import validate_version
-from ckpt_api.vocabulary import AgentState, WorkerPhase
+from ckpt_api.vocabulary import AgentState, WorkerPhase, WorkerReason
 
 # DNS-1123 subdomain: what Kubernetes accepts for namespace and object names.
 K8S_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
@@ -191,7 +192,9 @@ class ErrorBody(_Response):
 
 
 class PauseState(_Response):
-    """`/v1/pause`, `/v1/resume`, `/v1/is_paused`."""
+    """`result` of `/v1/pause`, `/v1/resume` and `/v1/is_paused`: FastDeploy's `{"is_paused"}`
+    (is_paused only, at FastDeploy c1b7c083da606ed7f3ac35c2f905dc904f1163b2), plus who holds the
+    pause."""
 
     is_paused: bool
     paused_by: Annotated[list[str], Field(description="Holders of the pause: user, load")] = []
@@ -264,3 +267,111 @@ class InferResult(_Response):
 
 class Health(_Response):
     ok: bool
+
+
+# -- FastDeploy's control envelope -------------------------------------------------------------
+# FastDeploy answers every V1 control call (pause, resume, is_paused, update_weights) with one
+# envelope whose HTTP status equals its internal code (upstream commit
+# c1b7c083da606ed7f3ac35c2f905dc904f1163b2, fastdeploy/engine/request.py,
+# ControlResponse.to_api_json_response). The agent answers those calls the same way, so a
+# FastDeploy client drives an agent as it drives FastDeploy; the FastDeploy adapter reads real
+# FastDeploy servers through the same models. Its 400s for a wrong parameter type are not
+# enveloped but `{"error", "message"}`: the shape of ErrorBody.
+
+# RFC 7240: a request carrying `Prefer: respond-async` (or a `rollout`) is answered 202 at once
+# and polled through /v1/status; any other update_weights is answered when its load has ended.
+PREFER_HEADER = "Prefer"
+RESPOND_ASYNC = "respond-async"
+PREFERENCE_APPLIED_HEADER = "Preference-Applied"
+
+
+# Defined with the envelope rather than in ckpt_api.vocabulary: these are FastDeploy's words, and
+# "error" is also the key of every ErrorBody, which the vocabulary scan would flag everywhere.
+class ControlStatus(StrEnum):
+    """The envelope's `status`: "success" exactly when the HTTP status is 200."""
+
+    SUCCESS = "success"
+    ERROR = "error"
+
+
+class RankResult(_Response):
+    """One engine rank's outcome of a synchronous update_weights. FastDeploy sends one per
+    tensor-parallel rank, `{sync_cost, update_cost, total_cost, version, rank}` (seconds; the
+    version that rank loaded); the agent sends one, rank 0, plus `bytes` and
+    `checksum_verified`. Fields are optional so that a FastDeploy rank that omits one still
+    parses (the agent's FastDeploy adapter then refuses a rank without the version it asked for)."""
+
+    version: Annotated[str | None, Field(description="The version this rank now serves")] = None
+    rank: int | None = None
+    sync_cost: Annotated[
+        float | None, Field(description="Seconds fetching (and verifying) the version before the apply")
+    ] = None
+    update_cost: Annotated[float | None, Field(description="Seconds the apply held the engine paused")] = None
+    total_cost: Annotated[float | None, Field(description="Seconds for the whole load")] = None
+    bytes: Annotated[int | None, Field(description="Agent only: tensor bytes loaded")] = None
+    checksum_verified: Annotated[
+        bool | None, Field(description="Agent only: every tensor's xxh3-128 was checked")
+    ] = None
+
+
+class LoadFailure(_Response):
+    """`result` of a synchronous update_weights whose load failed (FastDeploy sends null)."""
+
+    reason: Annotated[str, Field(description="A WorkerReason, or LoadInProgress")]
+    version: Annotated[
+        str | None,
+        Field(description="The version live now; null: the engine's boot weights, or none (weights_lost)"),
+    ]
+    weights_lost: Annotated[
+        bool, Field(description="No consistent version serves: the pod's WeightsReady is False")
+    ] = False
+
+
+class ControlReply(_Response):
+    """FastDeploy's envelope; each call's subclass adds its `result`."""
+
+    request_id: str
+    status: ControlStatus
+    error_message: Annotated[str | None, Field(description='"Success" on success; what failed otherwise')]
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status is ControlStatus.SUCCESS
+
+
+class PauseReply(ControlReply):
+    """`POST /v1/pause`, `POST /v1/resume`, `GET /v1/is_paused`: FastDeploy clients read
+    `result.is_paused`. Re-entrant: pausing a paused engine (or resuming a running one) is a
+    success that changes nothing."""
+
+    result: PauseState | None = None
+
+
+class UpdateWeightsReply(ControlReply):
+    """A synchronous `POST /v1/update_weights` (no `rollout`, no `Prefer: respond-async`),
+    answered when the load has ended: 200 with one RankResult per rank, or an error code with
+    a LoadFailure (null when no load ran: another was running, or the wait timed out)."""
+
+    result: list[RankResult] | LoadFailure | None = None
+
+
+# The HTTP status of a synchronous update_weights whose load failed, by its reason: 4xx when the
+# version cannot be loaded as asked (not found, not what the pin names, not this model's shape),
+# 502 when the source or the engine failed, 503 when the agent is shutting down. A load that
+# left no consistent weights is 500, whatever its reason. Anything unlisted is 500.
+LOAD_FAILURE_STATUS: dict[str, int] = {
+    WorkerReason.VERSION_NOT_FOUND: 404,
+    WorkerReason.MANIFEST_DIGEST_MISMATCH: 409,
+    WorkerReason.INCOMPATIBLE_CHECKPOINT: 422,
+    WorkerReason.INVALID_MANIFEST: 422,
+    WorkerReason.MANIFEST_TOO_LARGE: 422,
+    WorkerReason.CHECKSUM_MISMATCH: 502,
+    WorkerReason.TRUNCATED_SHARD: 502,
+    WorkerReason.SOURCE_UNREACHABLE: 502,
+    WorkerReason.ENGINE_ERROR: 502,
+    WorkerReason.CANCELLED: 503,
+}
+WEIGHTS_LOST_STATUS = 500
+# The load outlasted the synchronous wait (FastDeploy's own server gives up after 600 s); it
+# goes on, and /v1/status tells how it ends.
+SYNC_TIMEOUT_STATUS = 504

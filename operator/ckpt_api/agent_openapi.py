@@ -15,12 +15,18 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from ckpt_api.agent_api import (
+    LOAD_FAILURE_STATUS,
+    PREFER_HEADER,
+    RESPOND_ASYNC,
+    SYNC_TIMEOUT_STATUS,
+    WEIGHTS_LOST_STATUS,
     AgentStatus,
     ErrorBody,
     Health,
     InferResult,
-    PauseState,
+    PauseReply,
     UpdateAccepted,
+    UpdateWeightsReply,
     UpdateWeightsRequest,
 )
 from ckpt_api.constants import VERSION_PATTERN
@@ -29,8 +35,9 @@ OPENAPI_PATH = "/openapi.json"
 _JSON = "application/json"
 _REF = "#/components/schemas/{model}"
 
-# A response: (description, model or a schema per media type, or None for no body).
-Body = type[BaseModel] | dict[str, dict[str, Any]] | None
+# A response: (description, model, models it may be any of, a schema per media type, or None
+# for no body).
+Body = type[BaseModel] | tuple[type[BaseModel], ...] | dict[str, dict[str, Any]] | None
 
 
 @dataclass(frozen=True)
@@ -52,7 +59,27 @@ _ENGINE_ERRORS: dict[int, tuple[str, Body]] = {
     502: ("A remote engine refused the control call", ErrorBody),
     503: ("A remote engine cannot be reached", ErrorBody),
 }
-_PAUSE: dict[int, tuple[str, Body]] = {200: ("The pause state after the call", PauseState), **_ENGINE_ERRORS}
+# FastDeploy's envelope for every answer of the pause calls, failures of a remote engine included.
+_PAUSE: dict[int, tuple[str, Body]] = {
+    200: ("The pause state after the call (`result.is_paused`)", PauseReply),
+    502: ("A remote engine refused the control call", PauseReply),
+}
+_SYNC_FAILURES = {
+    code: "Synchronous call: the load failed ("
+    + ", ".join(r for r, c in LOAD_FAILURE_STATUS.items() if c == code)
+    + ")"
+    for code in sorted(set(LOAD_FAILURE_STATUS.values()) - {409})
+}
+_SYNC_FAILURES[WEIGHTS_LOST_STATUS] = "Synchronous call: the load failed and left no consistent weights"
+_SYNC_FAILURES[SYNC_TIMEOUT_STATUS] = "Synchronous call: the load outlasted the wait; it goes on"
+_PREFER_PARAM = {
+    "name": PREFER_HEADER,
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string"},
+    "description": f"`{RESPOND_ASYNC}`: answer 202 at once (as for a request with `rollout`) instead "
+    "of when the load has ended",
+}
 _VERSION_PARAM = {
     "name": "version",
     "in": "path",
@@ -64,15 +91,24 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint(
         "post",
         "/v1/update_weights",
-        "Load a version (asynchronous: 202, then poll /v1/status or read the CR)",
+        "Load a version: asynchronous (202, then poll /v1/status or read the CR) for a request "
+        "with `rollout` or `Prefer: respond-async`, otherwise synchronous in FastDeploy's envelope",
         {
-            200: ("The version is live already: nothing to load", UpdateAccepted),
-            202: ("The load started", UpdateAccepted),
+            200: (
+                "Asynchronous: the version is live already (noop). Synchronous: the version is live",
+                (UpdateAccepted, UpdateWeightsReply),
+            ),
+            202: ("Asynchronous: the load started", UpdateAccepted),
             400: ("The body is invalid; `field` names the culprit", ErrorBody),
-            409: ("Another load runs (LoadInProgress); retry when it finishes", ErrorBody),
+            409: (
+                "Another load runs (LoadInProgress), or (synchronous) the manifest is not the pinned one",
+                (ErrorBody, UpdateWeightsReply),
+            ),
             413: ("The body is over 64 KiB", ErrorBody),
+            **{code: (text, UpdateWeightsReply) for code, text in _SYNC_FAILURES.items()},
         },
         request=UpdateWeightsRequest,
+        parameters=[_PREFER_PARAM],
     ),
     Endpoint("post", "/v1/pause", "Pause the engine (held until /v1/resume)", _PAUSE),
     Endpoint("post", "/v1/resume", "Release the pause taken by /v1/pause", _PAUSE),
@@ -160,13 +196,19 @@ _AUTH_ERRORS: dict[int, tuple[str, Body]] = {
 }
 
 
+def _body_models(body: Body) -> tuple[type[BaseModel], ...]:
+    if isinstance(body, type):
+        return (body,)
+    return body if isinstance(body, tuple) else ()
+
+
 def _models() -> tuple[list[type[BaseModel]], list[type[BaseModel]]]:
     requests = [e.request for e in ENDPOINTS if e.request is not None]
     responses = {
-        body
+        model
         for e in ENDPOINTS
         for _, body in (*e.responses.values(), *_AUTH_ERRORS.values())
-        if isinstance(body, type)
+        for model in _body_models(body)
     }
     return requests, sorted(responses, key=lambda m: m.__name__)
 
@@ -176,7 +218,8 @@ def _content(body: Body) -> dict[str, Any] | None:
         return None
     if isinstance(body, dict):
         return body
-    return {_JSON: {"schema": {"$ref": _REF.format(model=body.__name__)}}}
+    refs = [{"$ref": _REF.format(model=model.__name__)} for model in _body_models(body)]
+    return {_JSON: {"schema": refs[0] if len(refs) == 1 else {"anyOf": refs}}}
 
 
 def _operation(endpoint: Endpoint) -> dict[str, Any]:

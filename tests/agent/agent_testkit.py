@@ -16,8 +16,11 @@ import aiohttp
 from ckpt_agent.manifest import MANIFEST_NAME
 from ckpt_agent.publish import publish
 from ckpt_agent.synth import ReferenceModelSpec, expected_infer_output, write_reference_checkpoint
+from ckpt_api.agent_api import PREFER_HEADER, RESPOND_ASYNC
 
 SPEC = ReferenceModelSpec(hidden=32, layers=3, outputs=8)
+# What makes an update_weights asynchronous without a `rollout` (202, then poll /v1/status).
+RESPOND_ASYNC_HEADERS = {PREFER_HEADER: RESPOND_ASYNC}
 T = TypeVar("T")
 # The `agent_factory` fixture: keyword overrides of AgentConfig (+ token) -> a started agent.
 AgentFactory = Callable[..., Awaitable["AgentClient"]]
@@ -112,9 +115,14 @@ class AgentClient:
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     async def request(
-        self, method: str, path: str, body: Any = None, raw: bytes | None = None
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        raw: bytes | None = None,
+        headers: dict[str, str] | None = None,
     ) -> tuple[int, Any]:
-        kwargs: dict[str, Any] = {"headers": self.headers}
+        kwargs: dict[str, Any] = {"headers": {**self.headers, **(headers or {})}}
         if raw is not None:
             kwargs["data"] = raw
         elif body is not None:
@@ -127,6 +135,12 @@ class AgentClient:
                 return resp.status, text
 
     async def update(self, version: str, **fields: Any) -> tuple[int, Any]:
+        """The operator's asynchronous call: 202 (or 200 noop, 409 busy), then poll."""
+        body = {"version": version, **fields}
+        return await self.request("POST", "/v1/update_weights", body, headers=RESPOND_ASYNC_HEADERS)
+
+    async def update_sync(self, version: str, **fields: Any) -> tuple[int, Any]:
+        """A FastDeploy client's call: answered in FastDeploy's envelope once the load ended."""
         return await self.request("POST", "/v1/update_weights", {"version": version, **fields})
 
     async def status(self) -> dict[str, Any]:
@@ -141,8 +155,8 @@ class AgentClient:
 
     async def is_paused(self) -> bool:
         code, body = await self.request("GET", "/v1/is_paused")
-        assert code == 200, body
-        return bool(body["is_paused"])
+        assert (code, body["status"]) == (200, "success"), body
+        return bool(body["result"]["is_paused"])
 
     async def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
         code, text = await self.request("GET", "/metrics")

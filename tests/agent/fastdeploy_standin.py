@@ -1,63 +1,252 @@
-"""A small stand-in for a FastDeploy server, following FastDeploy's documented V1 control API
-(docs/features/weight_update.md, FastDeploy >= 2.6):
+"""A FastDeploy server stand-in, rebuilt from FastDeploy's code at upstream commit
+c1b7c083da606ed7f3ac35c2f905dc904f1163b2 (entrypoints/openai/api_server.py routes,
+engine/request.py ControlResponse, engine/common_engine.py `_control_*` handlers,
+rl/dynamic_weight_manager.py, entrypoints/openai/middleware.py AuthenticationMiddleware):
 
-    POST /v1/pause            pause generation                              -> 200
-    POST /v1/resume           resume generation                             -> 200
-    GET  /v1/is_paused        -> 200 {"is_paused": bool}
-    POST /v1/update_weights   {"version", "verify_checksum"?, "rsync_config"?}
-                              fails unless the engine is paused; never resumes by itself
+    POST /v1/pause            re-entrant; result null
+    POST /v1/resume           re-entrant; result null
+    GET  /v1/is_paused        result {"is_paused": bool}
+    POST /v1/update_weights   {"version"?, "verify_checksum"?}: 500 unless paused; synchronous:
+                              answers once every tensor-parallel rank has loaded, result one
+                              {sync_cost, update_cost, total_cost, version, rank} per rank;
+                              never resumes
 
-It records every call so tests can check the agent's sequence. It is the only stand-in in
-these tests: everything else is the real thing.
+Every answer is the envelope {request_id: "control-<uuid4>", status, error_message, result}
+with HTTP status = its code ("Success" on success). A wrong `version` / `verify_checksum` type
+is a bare 400 {"error": "Invalid parameter type", "message"}; a body that is not JSON a 500 in
+FastDeploy's global-handler shape; a missing `version` falls back to version.yaml
+(`boot_version`), else 500. With API keys (`--api-key`), every /v1 path wants
+`Authorization: Bearer <key>` (401 {"error": "Unauthorized"}). Control calls run one at a time,
+as FastDeploy's engine runs them inline on one thread.
+
+Each rank holds a version; a version listed in `failures` fails on the ranks named there,
+leaving those ranks half-written (a mix, as FastDeploy's in-place writes leave) while the others
+load it; `stale_ranks` answer success but keep their old weights. Every engine call is recorded
+in order, so tests can check the agent's sequence.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import hashlib
+import json
+import secrets
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from ckpt_agent.httpserver import AppServer
+from ckpt_agent.httpserver import AppServer, serve_until_signalled
+
+PAUSE_REQUIRED = "Pause LLM Engine first before calling updating weights"
+NO_VERSION = (
+    "rsync model version not set, please set it in 1) {model_version}/version.yaml "
+    "or 2) interface arguments 'version'"
+)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class MidLoadFailure:
+    """A version whose load fails on `ranks` after they began writing it."""
+
+    ranks: frozenset[int] = frozenset({0})
+    message: str = "Invalid new_state_dict, update parameters failed"
+
+
+def _half(old: str, new: str) -> str:
+    return f"partial({old}->{new})"
 
 
 class FastDeployStandIn:
-    def __init__(self, version: str = "v1") -> None:
-        self.version = version
+    def __init__(
+        self,
+        version: str = "v1",
+        *,
+        tp: int = 1,
+        api_keys: Sequence[str] = (),
+        boot_version: str | None = None,
+        port: int = 0,
+    ) -> None:
+        self.ranks: list[str] = [version] * tp  # what each rank's parameters hold
         self.paused = False
+        self.boot_version = boot_version  # <model_dir>/version.yaml's step
         self.calls: list[tuple[str, Any]] = []
-        self.failing_versions: set[str] = set()
-        app = web.Application()
+        self.failures: dict[str, MidLoadFailure] = {}
+        self.stale_ranks: set[int] = set()
+        # False: every pause is undone at once, as by another client's resume behind our back.
+        self.pause_holds = True
+        # Set by a test: update_weights waits for it (a load in progress, without sleeping).
+        self.hold_update: asyncio.Event | None = None
+        self.update_started = asyncio.Event()
+        self._digests = [hashlib.sha256(k.encode()).digest() for k in api_keys]
+        self._engine = asyncio.Lock()
+        app = web.Application(middlewares=[self._method_not_allowed, self._auth])
         app.router.add_post("/v1/pause", self._pause)
         app.router.add_post("/v1/resume", self._resume)
         app.router.add_get("/v1/is_paused", self._is_paused)
         app.router.add_post("/v1/update_weights", self._update_weights)
-        self.server = AppServer(app, "127.0.0.1", 0)
+        app.router.add_get("/health", self._health)
+        self.server = AppServer(app, "127.0.0.1", port)
 
     @property
     def names(self) -> list[str]:
         return [name for name, _ in self.calls]
 
+    @property
+    def commands(self) -> list[str]:
+        """The calls that may change the engine (every one but is_paused queries)."""
+        return [name for name in self.names if name != "is_paused"]
+
+    @property
+    def version(self) -> str | None:
+        """The version every rank holds; None for a mix."""
+        return self.ranks[0] if len(set(self.ranks)) == 1 else None
+
+    # -- FastDeploy's HTTP layer ----------------------------------------------------------------
+    @web.middleware
+    async def _method_not_allowed(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPMethodNotAllowed:
+            return web.json_response({"detail": "Method Not Allowed"}, status=405)
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not self._digests or request.method == "OPTIONS" or not request.path.startswith("/v1"):
+            return await handler(request)
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        digest = hashlib.sha256(token.strip().encode()).digest()
+        # Every key is compared, in constant time, as FastDeploy's middleware does.
+        matches = [secrets.compare_digest(digest, key) for key in self._digests]
+        if scheme.lower() != "bearer" or not any(matches):
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    @staticmethod
+    def _envelope(request_id: str, code: int, message: str | None, result: Any = None) -> web.Response:
+        body = {
+            "request_id": request_id,
+            "status": "success" if code == 200 else "error",
+            "error_message": message,
+            "result": result,
+        }
+        return web.json_response(body, status=code)
+
+    async def _control(self, method: str, args: dict[str, Any] | None) -> web.Response:
+        request_id = f"control-{uuid.uuid4()}"
+        async with self._engine:
+            self.calls.append((method, args))
+            try:
+                result = await getattr(self, f"_control_{method}")(args or {})
+            except Exception as exc:
+                message = f"Failed to run control method {method}: {request_id} {exc}"
+                return self._envelope(request_id, 500, message)
+            return self._envelope(request_id, 200, "Success", result)
+
     async def _pause(self, request: web.Request) -> web.Response:
-        self.calls.append(("pause", None))
-        self.paused = True
-        return web.json_response({"is_paused": True})
+        return await self._control("pause", None)
 
     async def _resume(self, request: web.Request) -> web.Response:
-        self.calls.append(("resume", None))
-        self.paused = False
-        return web.json_response({"is_paused": False})
+        return await self._control("resume", None)
 
     async def _is_paused(self, request: web.Request) -> web.Response:
-        return web.json_response({"is_paused": self.paused})
+        return await self._control("is_paused", None)
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
 
     async def _update_weights(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        self.calls.append(("update_weights", body))
+        raw = await request.read()
+        try:
+            body = json.loads(raw) if raw else {}
+            if not isinstance(body, dict):
+                raise TypeError(f"'{type(body).__name__}' object has no attribute 'get'")
+        except (ValueError, TypeError) as exc:
+            error = {"message": str(exc), "type": "internal_error", "param": None, "code": None}
+            return web.json_response({"error": error}, status=500)
+        args: dict[str, Any] = {}
+        for key, kind, word in (("version", str, "a string"), ("verify_checksum", bool, "a boolean")):
+            value = body.get(key)
+            if value is None:
+                continue
+            if not isinstance(value, kind):
+                return web.json_response(
+                    {"error": "Invalid parameter type", "message": f"{key} must be {word}"}, status=400
+                )
+            args[key] = value
+        return await self._control("update_weights", args)
+
+    # -- FastDeploy's engine (EngineService._control_*) -----------------------------------------
+    async def _control_pause(self, args: dict[str, Any]) -> None:
+        self.paused = self.pause_holds
+
+    async def _control_resume(self, args: dict[str, Any]) -> None:
+        self.paused = False
+
+    async def _control_is_paused(self, args: dict[str, Any]) -> dict[str, bool]:
+        return {"is_paused": self.paused}
+
+    async def _control_update_weights(self, args: dict[str, Any]) -> list[dict[str, Any]]:
         if not self.paused:
-            return web.json_response({"error": "engine must be paused before update_weights"}, status=400)
-        if body.get("version") in self.failing_versions:
-            return web.json_response(
-                {"error": f"rsync of {body['version']} failed: checksum error"}, status=500
+            raise RuntimeError(PAUSE_REQUIRED)
+        version = args.get("version") or self.boot_version
+        if version is None:
+            raise RuntimeError(NO_VERSION)
+        started = time.monotonic()
+        self.update_started.set()
+        if self.hold_update is not None:
+            await self.hold_update.wait()
+        fault = self.failures.get(version)
+        results = []
+        for rank, old in enumerate(self.ranks):
+            if rank in self.stale_ranks:
+                results.append(self._rank(rank, old, started))
+            elif fault is not None and rank in fault.ranks:
+                self.ranks[rank] = _half(old, version)
+            else:
+                self.ranks[rank] = version
+                results.append(self._rank(rank, version, started))
+        if fault is not None and fault.ranks & set(range(len(self.ranks))):
+            rank = min(fault.ranks)
+            raise RuntimeError(
+                f"Error response from ctrl_w2e_rank{rank}_{self.server.port}: Rank: {rank} Failed to run "
+                f"control method update_weights: {fault.message}"
             )
-        self.version = body["version"]
-        return web.json_response({"version": self.version})
+        return results
+
+    @staticmethod
+    def _rank(rank: int, version: str, started: float) -> dict[str, Any]:
+        total = time.monotonic() - started
+        return {
+            "sync_cost": total / 2,
+            "update_cost": total / 2,
+            "total_cost": total,
+            "version": version,
+            "rank": rank,
+        }
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python fastdeploy_standin.py --port 8180 [--api-key K] [--tp 2]`: for FastDeploy's own
+    client tests (FD_API_PORT) or by hand."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--port", type=int, default=8180)
+    parser.add_argument("--version", default="v1")
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--api-key", action="append", default=[])
+    args = parser.parse_args(argv)
+
+    async def run() -> None:
+        standin = FastDeployStandIn(args.version, tp=args.tp, api_keys=args.api_key, port=args.port)
+        await serve_until_signalled(standin.server, "FastDeploy stand-in listening on")
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,92 +1,249 @@
-"""A stand-in for an SGLang server, following SGLang's documented native API
-(docs/basic_usage/native_api.md, python/sglang/srt/entrypoints/http_server.py):
+"""A stand-in for an SGLang 0.5.23 server's control API, rebuilt from that version's code
+(sglang/srt/entrypoints/http_server.py, managers/io_struct.py, managers/tokenizer_manager.py,
+managers/scheduler_components/weight_updater.py,
+model_executor/model_runner_components/weight_updater.py, utils/auth.py):
 
-    POST /pause_generation          {"mode": "abort"|"retract"|"in_place"}       -> 200
-    POST /continue_generation       {}                                            -> 200
-    POST /update_weights_from_disk  {"model_path", "weight_version"?, "load_format"?, "flush_cache"?}
-                                    -> 200 {"success": true, "message"} | 400 {"success": false, "message"};
-                                    a failed load keeps the old weights
-    GET  /get_model_info            {"model_path", "weight_version", ...}
-    GET  /get_weight_version        {"weight_version"}   (older servers; newer ones moved it to /model_info)
+    POST /pause_generation          {"mode": "abort"|"retract"|"in_place" = "abort"}
+    POST /continue_generation       {"torch_empty_cache": bool = true}
+    POST /update_weights_from_disk  {"model_path", "load_format"?, "weight_version"?,
+                                     "flush_cache" = true, "abort_all_requests" = false}
+                                    -> 200 {"success": true, "message", "num_paused_requests": 0}
+                                     | 400 {"success": false, "message", ...}
+    POST /update_weight_version     {"new_version", "abort_all_requests" = true}
+    GET  /model_info, /get_model_info   {"model_path", "served_model_name", "weight_version",
+                                         "load_format", ...}
+    GET  /health                    (there is no /get_weight_version in 0.5.23: 404)
 
-It really loads the directory's *.safetensors with the `safetensors` library, so tests see the
-exact tensors the engine would hold.
+As in 0.5.23: every body is required JSON, unknown fields are ignored, and a validation error
+is 400 (not 422). Auth (only with an api key or an admin api key): the POST routes take the
+admin key when there is one, else the api key; /model_info takes the api key if there is one;
+/health is open; 401 {"error": "Unauthorized"}.
+
+A disk update resolves its load format (none: the server's current one; "dummy" is refused
+with "Failed to get model loader"), points the runner's model path at the request's before any
+check, refuses a missing directory ("Failed to get weights iterator", weights untouched), then
+writes tensors one by one. A failure while writing runs SGLang's "rollback", which re-reads the
+runner's model path, i.e. the *new* directory: if that fails as well the server dies (every
+connection then closes unanswered), else it answers 400 holding the new weights. On success the
+model path and served model name become the request's path and the weight version, if given,
+is recorded; a flush refused because an `in_place` pause kept requests running fails the call
+(400) with the new weights in place and only the scheduler's version changed.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from aiohttp import web
-from safetensors.numpy import load_file
+from engine_standin import ModelWeights, drop_connection, iter_tensors, weight_files
 
 from ckpt_agent.httpserver import AppServer
 
+VERSION = "0.5.23"
+PAUSE_MODES = ("abort", "retract", "in_place")
+LOAD_FORMATS = ("auto", "safetensors", "pt", "npcache", "dummy", "sharded_state", "gguf", "bitsandbytes")
+ADMIN_ROUTES = {
+    "/pause_generation",
+    "/continue_generation",
+    "/update_weights_from_disk",
+    "/update_weight_version",
+}
+OPEN_PREFIXES = ("/health", "/ready", "/metrics")
 
-def load_dir(path: Path) -> dict[str, np.ndarray]:
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors in {path}")
-    tensors: dict[str, np.ndarray] = {}
-    for f in files:
-        tensors.update(load_file(str(f)))
-    return tensors
+
+class Invalid(Exception):
+    """A request body SGLang's validation refuses."""
+
+
+class Crashed(Exception):
+    """The server died while handling the request."""
+
+
+def _bad_request(message: str) -> web.Response:
+    body = {"object": "error", "message": message, "type": "Bad Request", "param": None, "code": 400}
+    return web.json_response(body, status=400)
 
 
 class SGLangStandIn:
-    def __init__(self, weight_version: str = "v1") -> None:
-        self.weight_version: str | None = weight_version
-        self.model_path = "boot-model"
-        self.weights: dict[str, np.ndarray] = {}
-        self.paused = False
+    def __init__(
+        self,
+        *,
+        boot_path: str = "Qwen/Qwen3-0.6B",
+        boot_dir: Path | None = None,
+        weight_version: str = "default",
+        load_format: str = "auto",
+        api_key: str | None = None,
+        admin_api_key: str | None = None,
+    ) -> None:
+        self._boot = (boot_path, boot_dir, weight_version, load_format)
+        self.api_key = api_key
+        self.admin_api_key = admin_api_key
         self.calls: list[tuple[str, Any]] = []
-        self.failing_versions: set[str] = set()
-        self.report_version: str | None = None  # a misbehaving engine: reports this instead
-        app = web.Application()
+        self.auth: list[tuple[str, str | None]] = []  # (path, Authorization header) per request
+        self.resumed_with: list[frozenset[str]] = []  # where the weights came from, at each continue
+        self.unmounted: tuple[str, ...] = ()  # paths SGLang's container does not see
+        self.crash_on: set[str] = set()  # routes whose call kills the server (a crash at that moment)
+        self.boot()
+        app = web.Application(middlewares=[self._middleware])
         app.router.add_post("/pause_generation", self._pause)
         app.router.add_post("/continue_generation", self._continue)
         app.router.add_post("/update_weights_from_disk", self._update)
+        app.router.add_post("/update_weight_version", self._update_weight_version)
+        app.router.add_get("/model_info", self._model_info)
         app.router.add_get("/get_model_info", self._model_info)
-        app.router.add_get("/get_weight_version", self._weight_version)
+        app.router.add_get("/health", self._health)
         self.server = AppServer(app, "127.0.0.1", 0)
+
+    def boot(self) -> None:
+        """Start (or, after a crash, restart) the server process: boot weights, not paused."""
+        boot_path, boot_dir, weight_version, load_format = self._boot
+        self.weights = ModelWeights(boot_path, boot_dir)
+        self.model_path = self.served_model_name = self.runner_model_path = boot_path
+        self.weight_version = self.scheduler_weight_version = weight_version
+        self.load_format = load_format
+        self.paused: str | None = None  # the pause mode while paused
+        self.running_requests = 0  # requests holding KV cache (traffic in flight)
+        self.dead = False
 
     @property
     def names(self) -> list[str]:
         return [name for name, _ in self.calls]
 
+    # -- plumbing --------------------------------------------------------------------------------
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if self.dead:
+            return drop_connection(request)
+        header = request.headers.get("Authorization")
+        self.auth.append((request.path, header))
+        if not self._allowed(request.path, header):
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        try:
+            return await handler(request)
+        except Invalid as exc:
+            return _bad_request(str(exc))
+        except Crashed:
+            return drop_connection(request)
+
+    def _allowed(self, path: str, header: str | None) -> bool:
+        if path.startswith(OPEN_PREFIXES):
+            return True
+
+        def bearer(key: str) -> bool:
+            scheme, _, token = (header or "").partition(" ")
+            return scheme.lower() == "bearer" and token == key
+
+        if path in ADMIN_ROUTES:
+            key = self.admin_api_key or self.api_key
+            return key is None or bearer(key)
+        return self.api_key is None or bearer(self.api_key)
+
+    async def _body(self, request: web.Request, route: str, required: tuple[str, ...] = ()) -> dict[str, Any]:
+        """The request's JSON object, recorded as a call (even one whose fields fail validation)."""
+        if route in self.crash_on:
+            self.dead = True
+            raise Crashed
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            raise Invalid("Field required: a JSON body") from None
+        if not isinstance(body, dict):
+            raise Invalid("Input should be an object")
+        self.calls.append((route, body))
+        for name in required:
+            if not isinstance(body.get(name), str):
+                raise Invalid(f"Field required: {name}")
+        return body
+
+    # -- routes ----------------------------------------------------------------------------------
     async def _pause(self, request: web.Request) -> web.Response:
-        self.calls.append(("pause_generation", await request.json()))
-        self.paused = True
-        return web.json_response({"message": "Generation paused"})
+        body = await self._body(request, "pause_generation")
+        mode = body.get("mode", "abort")
+        if mode not in PAUSE_MODES:
+            raise Invalid(f"Input should be 'abort', 'retract' or 'in_place': mode={mode!r}")
+        if mode != "in_place":  # aborted, or retracted to the waiting queue with their KV freed
+            self.running_requests = 0
+        self.paused = mode
+        return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
 
     async def _continue(self, request: web.Request) -> web.Response:
-        self.calls.append(("continue_generation", None))
-        self.paused = False
-        return web.json_response({"message": "Generation continued"})
+        await self._body(request, "continue_generation")
+        self.paused = None
+        self.resumed_with.append(self.weights.sources())
+        return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
 
     async def _update(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        self.calls.append(("update_weights_from_disk", body))
+        body = await self._body(request, "update_weights_from_disk", required=("model_path",))
+        path: str = body["model_path"]
+        load_format = body.get("load_format") or self.load_format
         version = body.get("weight_version")
+        if body.get("abort_all_requests"):
+            self.running_requests = 0
+        self.runner_model_path = path  # assigned before any check, never reverted
+        if load_format not in LOAD_FORMATS:
+            return self._crash(request)  # LoadFormat(...) raises in the scheduler
+        if load_format == "dummy":
+            return self._refused("Failed to get model loader: <DummyModelLoader>.")
         try:
-            if version in self.failing_versions:
-                raise RuntimeError("CUDA out of memory (stand-in)")
-            weights = load_dir(Path(body["model_path"]))
+            files = weight_files(path, self.unmounted)
         except Exception as exc:
-            message = f"Failed to update weights: {exc}. Rolling back to the original weights."
-            return web.json_response({"success": False, "message": message}, status=400)
-        self.weights, self.model_path = weights, body["model_path"]
+            return self._refused(f"Failed to get weights iterator: {exc}.")
+        try:
+            self.weights.load(path, iter_tensors(files))
+        except Exception as exc:
+            message = f"Failed to update weights: {exc}.\nRolling back to original weights."
+            again = self.runner_model_path
+            try:
+                self.weights.load(again, iter_tensors(weight_files(again, self.unmounted)))
+            except Exception:
+                return self._crash(request)  # the rollback's error escapes the scheduler
+            return self._refused(message)
+        if version is not None:
+            self.scheduler_weight_version = version
+        if body.get("flush_cache", True) and self.running_requests:
+            return self._refused(
+                "Weights were updated, but the cache was not flushed because requests are still "
+                "running or queued. Retract or finish them, then call /flush_cache."
+            )
+        self.model_path = self.served_model_name = path
+        self.load_format = load_format
+        message = "Succeeded to update model weights."
         if version is not None:
             self.weight_version = version
-        return web.json_response({"success": True, "message": "Succeeded to update model weights."})
+            message += f" Weight version updated to {version}."
+        return web.json_response({"success": True, "message": message, "num_paused_requests": 0})
 
-    def _reported(self) -> str | None:
-        return self.report_version or self.weight_version
+    def _refused(self, message: str) -> web.Response:
+        return web.json_response({"success": False, "message": message, "num_paused_requests": 0}, status=400)
+
+    def _crash(self, request: web.Request) -> web.Response:
+        self.dead = True  # SIGQUIT to the server's process group
+        return drop_connection(request)
+
+    async def _update_weight_version(self, request: web.Request) -> web.Response:
+        body = await self._body(request, "update_weight_version", required=("new_version",))
+        self.weight_version = self.scheduler_weight_version = body["new_version"]
+        version = body["new_version"]
+        return web.json_response(
+            {"success": True, "message": f"Weight version updated to {version}", "new_version": version}
+        )
 
     async def _model_info(self, request: web.Request) -> web.Response:
-        return web.json_response({"model_path": self.model_path, "weight_version": self._reported()})
+        self.calls.append(("model_info", None))
+        return web.json_response(
+            {
+                "model_path": self.model_path,
+                "served_model_name": self.served_model_name,
+                "tokenizer_path": self._boot[0],
+                "is_generation": True,
+                "weight_version": self.weight_version,
+                "load_format": self.load_format,
+                "model_type": "stand-in",
+            }
+        )
 
-    async def _weight_version(self, request: web.Request) -> web.Response:
-        return web.json_response({"weight_version": self._reported()})
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response()

@@ -213,6 +213,12 @@ async def test_streamed_failure_without_a_previous_version_refuses_traffic(
     assert (code, body["error"]) == (503, "EngineUnavailable")
     assert await client.is_paused() is False
 
+    # A later load that fails before reaching the engine leaves the weights as lost as they were.
+    assert (await client.update("no-such-version"))[0] == 202
+    status = await client.wait_settled()
+    assert (status["last_error"]["reason"], status["weights_lost"]) == ("VersionNotFound", True)
+    assert status["report"]["weights_ready"] is False
+
     assert (await client.update("v1", verify_checksum=True))[0] == 202
     status = await client.wait_settled()
     assert (status["version"], status["weights_lost"]) == ("v1", False)

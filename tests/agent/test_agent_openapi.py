@@ -84,6 +84,33 @@ def test_request_and_error_models_are_in_the_document() -> None:
     assert {"200", "202", "400", "401", "403", "409", "413"} <= set(responses)
 
 
+def test_fastdeploys_envelope_is_in_the_document() -> None:
+    doc = openapi_document()
+    schemas = doc["components"]["schemas"]
+    for name in ("PauseReply", "UpdateWeightsReply"):
+        assert schemas[name]["required"] == ["request_id", "status", "error_message", "result"], name
+    assert schemas["ControlStatus"]["enum"] == ["success", "error"]
+    assert set(schemas["RankResult"]["properties"]) >= {
+        "sync_cost",
+        "update_cost",
+        "total_cost",
+        "version",
+        "rank",
+    }
+    for method, path in (("post", "/v1/pause"), ("post", "/v1/resume"), ("get", "/v1/is_paused")):
+        ok = doc["paths"][path][method]["responses"]["200"]["content"]["application/json"]["schema"]
+        assert ok == {"$ref": "#/components/schemas/PauseReply"}, path
+    update = doc["paths"]["/v1/update_weights"]["post"]
+    assert [(p["name"], p["in"], p["required"]) for p in update["parameters"]] == [
+        ("Prefer", "header", False)
+    ]
+    ok = update["responses"]["200"]["content"]["application/json"]["schema"]["anyOf"]
+    assert {r["$ref"].rsplit("/", 1)[1] for r in ok} == {"UpdateAccepted", "UpdateWeightsReply"}
+    for code in ("404", "422", "500", "502", "503", "504"):
+        body = update["responses"][code]["content"]["application/json"]["schema"]
+        assert body == {"$ref": "#/components/schemas/UpdateWeightsReply"}, code
+
+
 @pytest.fixture
 async def guarded(tree: Tree, agent_factory: AgentFactory, tmp_path: Path) -> AgentClient:
     token_file = tmp_path / "token"

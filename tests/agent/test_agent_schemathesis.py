@@ -30,6 +30,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from ckpt_api.agent_api import PREFER_HEADER, RESPOND_ASYNC
 from ckpt_api.agent_openapi import ENDPOINTS, OPENAPI_PATH, Endpoint
 
 TOKEN = "schemathesis-t0ken"
@@ -116,10 +117,11 @@ def _operation(schema: schemathesis.BaseSchema, endpoint: Endpoint) -> Any:
 _NETWORK_HOST = re.compile(r"^(https?|mooncake)://[^/?#]*")
 
 
-def _local_only(case: schemathesis.Case) -> None:
-    """A generated host may be a real one (http://1.1 is 1.0.0.1): point network sources and
-    peers at a closed local port, so such a load fails at once and nothing leaves the machine.
-    Valid cases only: in an invalid one the rewrite could repair what was meant to be broken."""
+def _local_only(case: schemathesis.Case, source_uri: str | None) -> None:
+    """A generated host may be a real one (http://1.1 is 1.0.0.1): point network peers at a
+    closed local port, and sources there too or, with `source_uri`, at that source, so nothing
+    leaves the machine. Valid cases only: in an invalid one the rewrite could repair what was
+    meant to be broken."""
     body = case.body
     if not isinstance(body, dict) or not isinstance(body.get("source"), dict):
         return
@@ -127,29 +129,61 @@ def _local_only(case: schemathesis.Case) -> None:
     for key in ("uri", "peer"):
         if isinstance(source.get(key), str):
             source[key] = _NETWORK_HOST.sub(r"\1://127.0.0.1:9", source[key])
+    if source_uri is not None and isinstance(source.get("uri"), str):
+        source["uri"] = source_uri
     case.body = {**body, "source": source}
 
 
-# Negative cases need an input to break: a body or a parameter.
-CASES = [(e, GenerationMode.POSITIVE) for e in ENDPOINTS] + [
-    (e, GenerationMode.NEGATIVE) for e in ENDPOINTS if e.request is not None or e.parameters
+# Passed with the call for update_weights: with a header parameter (Prefer) in the operation,
+# schemathesis takes the configured token for a generated one (and reports a 2xx as ignored
+# auth) unless the call names it; named, it probes without it as for every other operation.
+_AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def _answer_mode(case: schemathesis.Case, respond_async: bool) -> None:
+    headers = {k: v for k, v in (case.headers or {}).items() if k.lower() != PREFER_HEADER.lower()}
+    if respond_async:
+        headers[PREFER_HEADER] = RESPOND_ASYNC
+    case.headers = headers
+
+
+# Negative cases need an input to break: a body or a parameter. update_weights answers in two
+# ways (ckpt_agent.control_api), each checked: asynchronous (respond-async) and synchronous.
+_MODES: dict[str, list[bool | None]] = {"/v1/update_weights": [True, False]}
+CASES = [
+    (e, mode, respond_async)
+    for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
+    for e in ENDPOINTS
+    if mode is GenerationMode.POSITIVE or e.request is not None or e.parameters
+    for respond_async in _MODES.get(e.path, [None])
 ]
+
+
+def _id(endpoint: Endpoint, mode: GenerationMode, respond_async: bool | None) -> str:
+    answer = {None: "", True: " async", False: " sync"}[respond_async]
+    return f"{endpoint.method.upper()} {endpoint.path} {mode.value}{answer}"
 
 
 # Hypothesis drives schemathesis' strategies here because schemathesis' own lazy pytest loader
 # (`schemathesis.pytest.from_fixture`) fails under pytest 9.2 (it sets `Node._nodeid`).
-@pytest.mark.parametrize(
-    ("endpoint", "mode"), CASES, ids=[f"{e.method.upper()} {e.path} {m.value}" for e, m in CASES]
-)
+@pytest.mark.parametrize(("endpoint", "mode", "respond_async"), CASES, ids=[_id(*c) for c in CASES])
 def test_every_endpoint_matches_the_document(
-    agent_schema: schemathesis.BaseSchema, endpoint: Endpoint, mode: GenerationMode
+    agent_schema: schemathesis.BaseSchema,
+    tree: Tree,
+    endpoint: Endpoint,
+    mode: GenerationMode,
+    respond_async: bool | None,
 ) -> None:
     @given(case=_operation(agent_schema, endpoint).as_strategy(generation_mode=mode))
     @SETTINGS
     def check(case: schemathesis.Case) -> None:
+        if respond_async is not None:
+            _answer_mode(case, respond_async)
         if mode is GenerationMode.POSITIVE:
-            _local_only(case)
-        case.call_and_validate(checks=CHECKS)
+            # A synchronous answer is the load's outcome: against a source that is up, so what
+            # is checked is the agent's answer, not an unreachable source's 502.
+            _local_only(case, tree.file_uri if respond_async is False else None)
+        case.call_and_validate(checks=CHECKS, headers=_AUTH if respond_async is not None else None)
 
     check()
 
@@ -159,9 +193,10 @@ def relayed(live_agent: str, tree: Tree) -> tuple[str, str]:
     """Has the agent load v2 for real, which leaves the relay copy peers read (any earlier load
     withdrew v1's); returns (v2, one of its shards)."""
     _wait_for(live_agent, lambda s: s["state"] != "loading", "the agent to finish its load")
+    # A FastDeploy-style (synchronous) call: answered once v2 is live.
     reply = _call(live_agent + "/v1/update_weights", {"version": "v2"})
-    assert reply.get("accepted"), reply
-    status = _wait_for(live_agent, lambda s: s["state"] != "loading", "v2")
+    assert (reply["status"], reply["result"][0]["version"]) == ("success", "v2"), reply
+    status = _call(live_agent + "/v1/status")
     assert (status["version"], status["relay"]["version"]) == ("v2", "v2"), status
     files = json.loads((tree.root / "v2" / "manifest.json").read_text())["files"]
     return "v2", sorted(files)[0]
@@ -184,9 +219,11 @@ def test_relay_of_the_live_version_matches_the_document(
 
 
 # Well-formed ranges mostly: free text almost never is one, and the edges are in the numbers.
+# requests refuses to send a header value with leading whitespace (InvalidHeader, before any
+# request): such values test the client, not the agent.
 _ranges = st.from_regex(r"\Abytes=[0-9]{1,6}-[0-9]{0,6}\Z") | st.text(
     st.characters(codec="ascii", exclude_categories=("Cc",)), max_size=20
-)
+).filter(lambda value: not value[:1].isspace())
 
 
 @given(range_header=_ranges, manifest=st.booleans())

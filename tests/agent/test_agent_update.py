@@ -167,7 +167,7 @@ async def test_operator_pause_outlives_a_load(tree: Tree, agent_factory: AgentFa
     """A load resumes only what it paused: an explicit /v1/pause stays until /v1/resume."""
     client = await _started(agent_factory, tree.file_uri, apply_mode="streamed")
     code, body = await client.request("POST", "/v1/pause")
-    assert (code, body["is_paused"]) == (200, True)
+    assert (code, body["result"]["is_paused"]) == (200, True)
     code, body = await client.request("POST", "/v1/infer", {})
     assert (code, body["error"]) == (503, "EngineUnavailable")
 
@@ -178,7 +178,7 @@ async def test_operator_pause_outlives_a_load(tree: Tree, agent_factory: AgentFa
     assert status["paused_by"] == ["user"]
 
     code, body = await client.request("POST", "/v1/resume")
-    assert (code, body["is_paused"]) == (200, False)
+    assert (code, body["result"]["is_paused"]) == (200, False)
     assert close_to(await client.infer(), tree.expected("v2"))
 
 

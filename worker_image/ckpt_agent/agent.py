@@ -10,7 +10,7 @@ from aiohttp import web
 
 from ckpt_agent.app import create_app
 from ckpt_agent.auth import Authenticator, StaticTokenAuthenticator, TokenReviewAuthenticator
-from ckpt_agent.config import DEFAULT_ENGINE_URLS, DISK_ENGINES, AgentConfig
+from ckpt_agent.config import DEFAULT_ENGINE_URLS, DISK_ENGINES, AgentConfig, read_secret_file
 from ckpt_agent.engines.base import Engine
 from ckpt_agent.httpserver import AppServer
 from ckpt_agent.kube import kube_config_available, new_api_client
@@ -35,6 +35,7 @@ def create_engine(config: AgentConfig) -> Engine:
 
         return FastDeployEngine(
             config.fastdeploy_url,
+            api_key=config.fastdeploy_bearer(),
             update_timeout=config.fastdeploy_update_timeout,
             max_manifest_bytes=config.max_manifest_bytes,
         )
@@ -52,7 +53,7 @@ def create_engine(config: AgentConfig) -> Engine:
 
 
 def _disk_engine(config: AgentConfig) -> Engine:
-    staging = {
+    staging: dict[str, Any] = {
         "chunk_bytes": config.chunk_bytes,
         "max_manifest_bytes": config.max_manifest_bytes,
         "parallelism": config.parallelism,
@@ -63,7 +64,15 @@ def _disk_engine(config: AgentConfig) -> Engine:
     if config.engine == "sglang":
         from ckpt_agent.engines.sglang import SGLangEngine
 
-        return SGLangEngine(url, config.staging_dir, load_format=config.sglang_load_format, **staging)
+        return SGLangEngine(
+            url,
+            config.staging_dir,
+            load_format=config.sglang_load_format,
+            pause_mode=config.sglang_pause_mode,
+            api_key=read_secret_file(config.sglang_api_key_file, "--sglang-api-key-file"),
+            admin_api_key=read_secret_file(config.sglang_admin_api_key_file, "--sglang-admin-api-key-file"),
+            **staging,
+        )
     from ckpt_agent.engines.vllm import VLLMEngine
 
     return VLLMEngine(url, config.staging_dir, **staging)
@@ -141,5 +150,7 @@ async def build_agent(config: AgentConfig) -> Agent:
         initial_verify=config.initial_verify,
         await_rollout=config.await_rollout,
     )
-    app = create_app(service, authenticator, _relay_exporter(config))
+    app = create_app(
+        service, authenticator, _relay_exporter(config), sync_timeout_s=config.sync_update_timeout
+    )
     return Agent(app, service, AppServer(app, config.host, config.port), api_client)

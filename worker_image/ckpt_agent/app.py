@@ -1,4 +1,5 @@
-"""The agent's HTTP API (FastDeploy V1 control names plus status, infer and metrics)."""
+"""The agent's HTTP API: FastDeploy's V1 control calls (see ckpt_agent.control_api for how they
+follow FastDeploy's), plus status, infer, metrics and the relay."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from ckpt_agent import control_api
 from ckpt_agent.auth import Authenticator, auth_middleware, bearer_token
 from ckpt_agent.engines.base import EngineUnavailable
 from ckpt_agent.errors import LoadError, RequestError
@@ -23,6 +25,7 @@ from ckpt_api.vocabulary import ErrorCode
 log = logging.getLogger(__name__)
 
 SERVICE: web.AppKey[AgentService] = web.AppKey("service", AgentService)
+SYNC_TIMEOUT: web.AppKey[float] = web.AppKey("sync_timeout", float)
 # Update bodies are tiny; refusing big ones early keeps a misbehaving client cheap.
 MAX_BODY_BYTES = 64 << 10
 
@@ -48,7 +51,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except EngineUnavailable as exc:
         return _error(ErrorBody(error=ErrorCode.ENGINE_UNAVAILABLE, message=str(exc)), 503)
     except LoadError as exc:
-        # Only engine control calls (pause/resume on a remote engine) get here.
+        # Only a remote engine's failure outside a load gets here (pause calls answer their own).
         return _error(ErrorBody(error=exc.reason, message=exc.message), 502)
 
 
@@ -64,9 +67,11 @@ async def _json_body(request: web.Request) -> object:
         raise RequestError(f"body is not valid JSON: {str(exc)[:200]}", field="body") from None
 
 
-async def _pause_state(service: AgentService) -> web.Response:
-    state = PauseState(is_paused=await service.engine.is_paused(), paused_by=service.gate.holders)
-    return web.json_response(state.to_wire())
+async def _pause_state(service: AgentService, *, ask_engine: bool) -> PauseState:
+    # After its own pause or resume the agent knows the answer (paused while anyone holds the
+    # gate); asking a remote engine again would only add a call.
+    paused = await service.engine.is_paused() if ask_engine else bool(service.gate.holders)
+    return PauseState(is_paused=paused, paused_by=service.gate.holders)
 
 
 async def update_weights(request: web.Request) -> web.Response:
@@ -78,8 +83,11 @@ async def update_weights(request: web.Request) -> web.Response:
     except RequestError as exc:
         service.reject(exc, *_version_and_rollout(body))
         raise
-    reply = service.request_update(req, bearer_token(request.headers.get("Authorization")))
-    return web.json_response(reply.body.to_wire(), status=reply.status)
+    bearer = bearer_token(request.headers.get("Authorization"))
+    if control_api.is_async(req, request.headers):
+        reply = service.request_update(req, bearer)
+        return control_api.async_reply(reply, control_api.prefers_async(request.headers))
+    return await control_api.update_synchronously(service, req, bearer, request.app[SYNC_TIMEOUT])
 
 
 def _version_and_rollout(body: object) -> tuple[object, RolloutRef | None]:
@@ -93,20 +101,29 @@ def _version_and_rollout(body: object) -> tuple[object, RolloutRef | None]:
     return body.get("version"), rollout
 
 
+async def _control(service: AgentService, action: Callable[[], Awaitable[None]] | None) -> web.Response:
+    """Pause calls are re-entrant (the gate holds `user` once, however often it is asked) and
+    serialised by the gate's lock, as FastDeploy's engine runs control calls one at a time."""
+    try:
+        if action is not None:
+            await action()
+        return control_api.pause_reply(await _pause_state(service, ask_engine=action is None))
+    except LoadError as exc:
+        return control_api.pause_failed(exc)
+
+
 async def pause(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
-    await service.pause()
-    return await _pause_state(service)
+    return await _control(service, service.pause)
 
 
 async def resume(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
-    await service.resume()
-    return await _pause_state(service)
+    return await _control(service, service.resume)
 
 
 async def is_paused(request: web.Request) -> web.Response:
-    return await _pause_state(request.app[SERVICE])
+    return await _control(request.app[SERVICE], None)
 
 
 async def status(request: web.Request) -> web.Response:
@@ -149,10 +166,15 @@ async def openapi(request: web.Request) -> web.Response:
 
 
 def create_app(
-    service: AgentService, authenticator: Authenticator | None, relay_exporter: RelayExporter | None = None
+    service: AgentService,
+    authenticator: Authenticator | None,
+    relay_exporter: RelayExporter | None = None,
+    *,
+    sync_timeout_s: float = control_api.DEFAULT_SYNC_TIMEOUT_S,
 ) -> web.Application:
     """`authenticator=None` turns auth off; callers must ask for that explicitly (`--no-auth`).
-    `relay_exporter`: serve the relay copy over Mooncake too (http relay is always there)."""
+    `relay_exporter`: serve the relay copy over Mooncake too (http relay is always there).
+    `sync_timeout_s`: how long a synchronous update_weights waits for its load."""
 
     def rejected(reason: str) -> None:
         service.metrics.auth_failures.labels(reason).inc()
@@ -162,6 +184,7 @@ def create_app(
         client_max_size=MAX_BODY_BYTES,
     )
     app[SERVICE] = service
+    app[SYNC_TIMEOUT] = sync_timeout_s
     app.router.add_post("/v1/update_weights", update_weights)
     app.router.add_post("/v1/pause", pause)
     app.router.add_post("/v1/resume", resume)

@@ -99,7 +99,16 @@ def config_from_args(args: argparse.Namespace, env: dict[str, str] | None = None
         engine_url=args.engine_url,
         staging_dir=Path(args.staging_dir) if args.staging_dir else None,
         sglang_load_format=args.sglang_load_format,
-        fastdeploy_update_timeout=args.fastdeploy_update_timeout,
+        sglang_pause_mode=args.sglang_pause_mode,
+        sglang_api_key_file=Path(args.sglang_api_key_file) if args.sglang_api_key_file else None,
+        sglang_admin_api_key_file=(
+            Path(args.sglang_admin_api_key_file) if args.sglang_admin_api_key_file else None
+        ),
+        fastdeploy_update_timeout=_or_default(args.fastdeploy_update_timeout, "fastdeploy_update_timeout"),
+        fastdeploy_api_key_file=Path(args.fastdeploy_api_key_file) if args.fastdeploy_api_key_file else None,
+        # FastDeploy reads FD_API_KEY as comma-separated keys and accepts any; one is enough.
+        fastdeploy_api_key=environ.get("FD_API_KEY", "").split(",")[0].strip() or None,
+        sync_update_timeout=_or_default(args.sync_update_timeout, "sync_update_timeout"),
         auth=AuthConfig(
             token_file=Path(args.auth_token_file) if args.auth_token_file else None,
             tokenreview_audience=args.tokenreview_audience,
@@ -110,6 +119,13 @@ def config_from_args(args: argparse.Namespace, env: dict[str, str] | None = None
         pod_name=environ.get("POD_NAME") or None,
         pod_namespace=environ.get("POD_NAMESPACE") or None,
     )
+
+
+def _or_default(value: float | None, name: str) -> float:
+    """A flag left unset takes AgentConfig's default, which says why it is what it is."""
+    from ckpt_agent.config import AgentConfig
+
+    return float(getattr(AgentConfig, name)) if value is None else value
 
 
 async def _agent_main(config: Any) -> None:
@@ -149,7 +165,14 @@ def _agent(args: argparse.Namespace) -> int:
     if missing := _missing_engine_package(config.engine):
         print(f"ckpt-rollout agent: {missing}", file=sys.stderr)
         return 2
-    asyncio.run(_agent_main(config))
+    from ckpt_agent.engines.disk_staged import EngineMisconfigured
+
+    try:
+        asyncio.run(_agent_main(config))
+    except (ConfigError, EngineMisconfigured) as exc:
+        # A key file that cannot be read, or an engine that cannot do what the agent needs.
+        print(f"ckpt-rollout agent: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -196,8 +219,40 @@ def _add_agent_parser(sub: SubParsers) -> None:
     p.add_argument("--fastdeploy-url", default="http://127.0.0.1:8000")
     p.add_argument("--engine-url", help="sglang/vllm server (default http://127.0.0.1:30000 / :8000)")
     p.add_argument("--staging-dir", help="where sglang/vllm versions are staged (tmpfs or NVMe path)")
-    p.add_argument("--sglang-load-format", help="load_format sent to SGLang's update_weights_from_disk")
-    p.add_argument("--fastdeploy-update-timeout", type=float, default=1800.0)
+    p.add_argument(
+        "--sglang-load-format",
+        help="load_format sent to SGLang's update_weights_from_disk (default: the server's own; "
+        "needed, e.g. auto, when SGLang runs --load-format dummy)",
+    )
+    p.add_argument(
+        "--sglang-pause-mode",
+        choices=["abort", "retract", "in_place"],
+        default="abort",
+        help="how SGLang pauses for a load: abort in-flight requests (default: every response from one "
+        "version), retract them (recomputed after the load), or in_place (keeps their KV cache; the "
+        "radix cache is then not flushed)",
+    )
+    p.add_argument("--sglang-api-key-file", help="file holding the SGLang server's --api-key")
+    p.add_argument(
+        "--sglang-admin-api-key-file",
+        help="file holding the SGLang server's --admin-api-key (sent to its pause/update/continue routes)",
+    )
+    p.add_argument(
+        "--fastdeploy-update-timeout",
+        type=float,
+        help="seconds to wait for FastDeploy's update_weights (default 630: FastDeploy's API server "
+        "gives up after 600 s and answers itself)",
+    )
+    p.add_argument(
+        "--fastdeploy-api-key-file",
+        help="file holding FastDeploy's --api-key, sent as a bearer token (default: $FD_API_KEY)",
+    )
+    p.add_argument(
+        "--sync-update-timeout",
+        type=float,
+        help="seconds a synchronous update_weights (no rollout, no Prefer: respond-async) waits for "
+        "its load (default 600, FastDeploy's own wait); the load goes on after",
+    )
     p.add_argument("--auth-token-file", help="accept the bearer token stored in this file")
     p.add_argument("--tokenreview-audience", help="check bearer tokens with TokenReview for this audience")
     p.add_argument("--allowed-usernames", help="comma-separated, e.g. system:serviceaccount:ns:operator")

@@ -8,6 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ckpt_agent.control_api import DEFAULT_SYNC_TIMEOUT_S
+from ckpt_agent.engines.fastdeploy import DEFAULT_UPDATE_TIMEOUT_S
+from ckpt_agent.engines.sglang import DEFAULT_PAUSE_MODE as SGLANG_DEFAULT_PAUSE_MODE
+from ckpt_agent.engines.sglang import PAUSE_MODES as SGLANG_PAUSE_MODES
 from ckpt_agent.loader import ApplyMode
 from ckpt_agent.manifest import DEFAULT_MAX_MANIFEST_BYTES
 from ckpt_agent.reader import DEFAULT_CHUNK_BYTES
@@ -62,7 +66,18 @@ class AgentConfig:
     engine_url: str | None = None
     staging_dir: Path | None = None
     sglang_load_format: str | None = None
-    fastdeploy_update_timeout: float = 1800.0
+    sglang_pause_mode: str = SGLANG_DEFAULT_PAUSE_MODE
+    # Files holding the SGLang server's --api-key / --admin-api-key (Kubernetes Secret mounts).
+    sglang_api_key_file: Path | None = None
+    sglang_admin_api_key_file: Path | None = None
+    # FastDeploy answers update_weights within its own 600 s (see ckpt_agent.engines.fastdeploy).
+    fastdeploy_update_timeout: float = DEFAULT_UPDATE_TIMEOUT_S
+    # FastDeploy's --api-key, sent as `Authorization: Bearer`: a file (a mounted Secret), else
+    # FastDeploy's own variable FD_API_KEY (its first key), read from the environment.
+    fastdeploy_api_key_file: Path | None = None
+    fastdeploy_api_key: str | None = field(default=None, repr=False)
+    # How long a synchronous update_weights (a FastDeploy client's) waits for its load.
+    sync_update_timeout: float = DEFAULT_SYNC_TIMEOUT_S
     # Peer relay: keep the verified copy of the live version and serve it to peers (http);
     # `relay_mooncake` also serves it over Mooncake with that protocol.
     relay: bool = True
@@ -85,8 +100,34 @@ class AgentConfig:
             raise ConfigError("--report needs POD_NAME and POD_NAMESPACE in the environment")
         if self.engine in DISK_ENGINES and self.staging_dir is None:
             raise ConfigError(f"the {self.engine} engine needs --staging-dir (a tmpfs or NVMe path)")
+        if self.sglang_pause_mode not in SGLANG_PAUSE_MODES:
+            raise ConfigError(f"--sglang-pause-mode must be one of {', '.join(SGLANG_PAUSE_MODES)}")
+        if self.engine == "sglang":
+            read_secret_file(self.sglang_api_key_file, "--sglang-api-key-file")
+            read_secret_file(self.sglang_admin_api_key_file, "--sglang-admin-api-key-file")
         if self.engine in ("paddle", *DISK_ENGINES) and self.initial_version and not self.source:
             raise ConfigError(f"--initial-version needs --source for the {self.engine} engine")
+        if self.engine == "fastdeploy":
+            self.fastdeploy_bearer()
+
+    def fastdeploy_bearer(self) -> str | None:
+        """The FastDeploy API key to send, if one is configured (raises ConfigError if its file
+        cannot be read or is empty)."""
+        from_file = read_secret_file(self.fastdeploy_api_key_file, "--fastdeploy-api-key-file")
+        return from_file or self.fastdeploy_api_key or None
+
+
+def read_secret_file(path: Path | None, flag: str) -> str | None:
+    """A key from a mounted Secret (surrounding whitespace and the trailing newline dropped)."""
+    if path is None:
+        return None
+    try:
+        value = path.read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"{flag}: cannot read {path}: {exc.strerror}") from None
+    if not value:
+        raise ConfigError(f"{flag}: {path} is empty")
+    return value
 
 
 def default_host(env: Mapping[str, str] = os.environ) -> str:

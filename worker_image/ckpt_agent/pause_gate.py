@@ -5,12 +5,16 @@ never resumes traffic that an operator paused, and an operator's resume never cu
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Protocol
 
 USER = "user"
 LOAD = "load"
+# Held after a load that left weights nobody can vouch for: the engine stays paused (its own
+# /health may still route traffic to it) until a load succeeds; a user's resume does not lift it.
+WEIGHTS_LOST = "weights-lost"
 
 
 class EngineControl(Protocol):
@@ -24,6 +28,9 @@ class PauseGate:
         self._engine = engine
         self._holders: set[str] = set()
         self._lock = asyncio.Lock()
+        # Seconds each holder spent in hold(), summed until reset: what a load's apply cost in
+        # paused time (FastDeploy's update_cost, in a synchronous update_weights answer).
+        self.held_seconds: dict[str, float] = {}
 
     @property
     def holders(self) -> list[str]:
@@ -46,8 +53,10 @@ class PauseGate:
     @asynccontextmanager
     async def hold(self, holder: str) -> AsyncIterator[None]:
         await self.acquire(holder)
+        started = time.monotonic()
         try:
             yield
         finally:
+            self.held_seconds[holder] = self.held_seconds.get(holder, 0.0) + time.monotonic() - started
             # Shielded: a cancelled load must still resume the engine it paused.
             await asyncio.shield(self.release(holder))

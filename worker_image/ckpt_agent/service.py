@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from ckpt_agent.engines.base import Engine, LiveWeights, LoadJob, LoadOutcome
 from ckpt_agent.errors import LoadError, Reason, RequestError
 from ckpt_agent.metrics import AgentMetrics
-from ckpt_agent.pause_gate import USER, PauseGate
+from ckpt_agent.pause_gate import LOAD, USER, PauseGate
 from ckpt_agent.reader import LoadProgress
 from ckpt_agent.relay.copy import RelayCopy
 from ckpt_agent.relay.peer import is_peer_fault
@@ -44,9 +44,23 @@ UPDATE_COUNTS = (*UpdateResult, *LoadResult)  # the `updates` counters of /v1/st
 
 
 @dataclass(frozen=True)
+class LoadEnd:
+    """How a load ended, for a caller that waits for it (a synchronous update_weights)."""
+
+    version: str
+    error: LoadError | None  # None: `version` is live
+    seconds: float
+    paused_seconds: float  # the part of `seconds` the apply held the engine paused
+    bytes: int
+    checksum_verified: bool
+
+
+@dataclass(frozen=True)
 class Reply:
     status: int
     body: UpdateAccepted | ErrorBody
+    # The load this request started (a 202), to wait for.
+    load: asyncio.Task[LoadEnd] | None = None
 
 
 class AgentService:
@@ -78,7 +92,7 @@ class AgentService:
         self.last_error: LastError | None = None
         self.last_load: LastLoad | None = None
         self.updates: Counter[str] = Counter()
-        self._task: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[LoadEnd] | None = None
         self._job: LoadJob | None = None
         # The copy of the live version that peers may pull (see ckpt_agent.relay).
         self.relay: RelayCopy | None = None
@@ -153,8 +167,8 @@ class AgentService:
                 "the request has no source and the agent was started without --source", field="source"
             )
         self._count(UpdateResult.ACCEPTED)
-        self._begin(req, bearer)
-        return Reply(202, UpdateAccepted(accepted=True, version=req.version))
+        task = self._begin(req, bearer)
+        return Reply(202, UpdateAccepted(accepted=True, version=req.version), task)
 
     def _already_live(self, req: UpdateWeightsRequest) -> bool:
         """Same version, and nothing the request asks for is missing: a request that pins another
@@ -192,7 +206,7 @@ class AgentService:
         if relay is not None:
             relay.release()
 
-    def _begin(self, req: UpdateWeightsRequest, bearer: str | None = None) -> None:
+    def _begin(self, req: UpdateWeightsRequest, bearer: str | None = None) -> asyncio.Task[LoadEnd]:
         source = req.source
         peer = source.peer if source else None
         job = LoadJob(
@@ -211,9 +225,11 @@ class AgentService:
         self.target = req.version
         self.progress = LoadProgress()
         self._task = asyncio.create_task(self._run(job, req.rollout), name=f"load-{req.version}")
+        return self._task
 
-    async def _run(self, job: LoadJob, rollout: RolloutRef | None) -> None:
+    async def _run(self, job: LoadJob, rollout: RolloutRef | None) -> LoadEnd:
         started = time.monotonic()
+        self.gate.held_seconds.pop(LOAD, None)
         self.metrics.load_in_progress.set(1)
         self.reporter.weights_ready(False, WeightsReadyReason.LOADING, f"loading {job.version}")
         if rollout is not None:
@@ -228,7 +244,9 @@ class AgentService:
             )
             if not isinstance(exc, LoadError):
                 log.exception("load of %s failed unexpectedly", job.version)
-            self._failed(job, error, rollout, time.monotonic() - started)
+            seconds = time.monotonic() - started
+            self._failed(job, error, rollout, seconds)
+            return self._end(job, error, seconds, self.progress.bytes_done, False)
         else:
             seconds = time.monotonic() - started
             self.live = LiveWeights(
@@ -255,9 +273,16 @@ class AgentService:
                 )
                 self._confirmed = True
             self._ready(f"serving {job.version}")
+            return self._end(job, None, seconds, outcome.bytes, outcome.checksum_verified)
         finally:
             self.target = None
             self.metrics.load_in_progress.set(0)
+
+    def _end(
+        self, job: LoadJob, error: LoadError | None, seconds: float, nbytes: int, verified: bool
+    ) -> LoadEnd:
+        paused = self.gate.held_seconds.get(LOAD, 0.0)
+        return LoadEnd(job.version, error, seconds, min(paused, seconds), nbytes, verified)
 
     async def _load(self, job: LoadJob) -> LoadOutcome:
         """The engine's load; if the peer failed or sent bad bytes, the whole load again from
@@ -297,7 +322,9 @@ class AgentService:
         self._record(job, WorkerPhase.FAILED, error.reason, seconds, None, nbytes=done, message=error.message)
         if rollout is not None:
             self._report(rollout, job.version, WorkerPhase.FAILED, error.reason, error.message, done, seconds)
-        if error.weights_lost:
+        if self.weights_lost:
+            # Lost by this load or an earlier one: a failure that never reached the engine (an
+            # unknown version, a bad manifest) does not make it whole again.
             self.reporter.weights_ready(False, WeightsReadyReason.WEIGHTS_LOST, error.message)
         else:
             live = self.live.version if self.live else "the engine boot weights"

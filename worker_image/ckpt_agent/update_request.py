@@ -36,7 +36,17 @@ def _rank(error: ErrorDetails) -> int:
     return _PRECEDENCE.index(head) if head in _PRECEDENCE else -1
 
 
+# FastDeploy falls back to <model_dir>/version.yaml when `version` is missing; a published tree
+# records no newest version to fall back to (see ckpt_agent.control_api), so say why it is needed.
+_VERSION_REQUIRED = (
+    "version: required; the agent loads only a named version (a checkpoint source records "
+    "no newest one to default to)"
+)
+
+
 def _message(error: ErrorDetails, field: str) -> str:
+    if field == "version" and error["type"] == "missing":
+        return _VERSION_REQUIRED
     ctx = error.get("ctx") or {}
     if error["type"] == "value_error" and "error" in ctx:
         # Our own validators' messages name the field already.

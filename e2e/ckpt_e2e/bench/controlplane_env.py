@@ -18,7 +18,7 @@ import aiohttp
 import yaml
 from kubernetes import client, config
 
-from ckpt_api.agent_api import AgentStatus, UpdateWeightsRequest
+from ckpt_api.agent_api import PREFER_HEADER, RESPOND_ASYNC, AgentStatus, UpdateWeightsRequest
 from ckpt_api.constants import GROUP, PLURAL, VERSION
 from ckpt_api.crd import render_crd
 from ckpt_api.vocabulary import TERMINAL_PHASES, ConditionStatus, KubeConditionType
@@ -234,10 +234,12 @@ class BenchEnv:
     async def _ideal_wave(self, size: int, concurrency: int, version: str) -> float:
         ips = sorted(p.ip for p in self.fleet.pods())[:size]
         sem = asyncio.Semaphore(concurrency)
-        headers = {"Authorization": f"Bearer {self.token}"}
+        auth = {"Authorization": f"Bearer {self.token}"}
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256)) as session:
 
             async def call(ip: str) -> None:
+                # Asynchronous, as the operator's calls: 202 at once, then the polls below.
+                headers = {**auth, PREFER_HEADER: RESPOND_ASYNC}
                 url = f"http://{ip}:{AGENT_PORT}/v1/update_weights"
                 body = UpdateWeightsRequest(version=version).to_wire()
                 async with sem, session.post(url, json=body, headers=headers) as r:
@@ -245,7 +247,7 @@ class BenchEnv:
 
             async def serves(ip: str) -> bool:
                 url = f"http://{ip}:{AGENT_PORT}/v1/status"
-                async with sem, session.get(url, headers=headers) as r:
+                async with sem, session.get(url, headers=auth) as r:
                     return AgentStatus.model_validate(await r.json()).version == version
 
             started = time.monotonic()

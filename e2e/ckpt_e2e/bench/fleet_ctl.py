@@ -19,7 +19,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ckpt_api.agent_api import AgentStatus, SourceRef, UpdateWeightsRequest
+from ckpt_api.agent_api import PREFER_HEADER, RESPOND_ASYNC, AgentStatus, SourceRef, UpdateWeightsRequest
 from ckpt_api.vocabulary import AgentState
 
 POLL_SECONDS = 0.02  # part of every measured wave: keep it small against S/bw
@@ -28,7 +28,8 @@ POLL_SECONDS = 0.02  # part of every measured wave: keep it small against S/bw
 def _call(method: str, url: str, body: dict[str, Any] | None = None, timeout: float = 10.0) -> Any:
     data = json.dumps(body).encode() if body is not None else None
     # Only http:// URLs the bench built itself reach here.
-    headers = {"Content-Type": "application/json"}
+    # Asynchronous update_weights (202, then the status polls the bench times), as the operator's.
+    headers = {"Content-Type": "application/json", PREFER_HEADER: RESPOND_ASYNC}
     req = urllib.request.Request(url, data=data, method=method, headers=headers)
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return json.loads(resp.read() or b"null")

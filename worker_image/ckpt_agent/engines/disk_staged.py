@@ -1,6 +1,16 @@
 """Engines that load a version from a local directory (SGLang, vLLM): the agent pulls and
 verifies the version into a staging directory (`staging_dir`), then, with traffic paused, asks
-the engine to load it, then checks the engine took it. Subclasses speak each engine's API.
+the engine to load it and checks the engine reports it. Subclasses speak each engine's API.
+
+Failure truth. Neither engine's load from disk is transactional: a load that fails part way
+leaves the engine holding new, mixed or half-initialised weights (SGLang's own "rollback"
+re-reads the new path; vLLM's in-place reload has none). So when a load fails once the engine
+may have touched its weights, the agent, still holding traffic paused, reloads the version that
+was live from its retained staged copy (for the engine's boot weights: the local directory the
+engine reported at start-up, if it did), and reports that version live only once the engine
+confirms it. If that fails too, or there is nothing to reload, the load fails with
+`weights_lost`: the pod's WeightsReady turns False, and the engine is left paused (holder
+`weights-lost`) until a load succeeds, because nobody can vouch for what it would serve.
 """
 
 from __future__ import annotations
@@ -8,6 +18,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import secrets
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +29,53 @@ import aiohttp
 from ckpt_agent.engines.base import LoadJob, LoadOutcome
 from ckpt_agent.errors import LoadError, Reason
 from ckpt_agent.manifest import DEFAULT_MAX_MANIFEST_BYTES, Manifest
-from ckpt_agent.pause_gate import LOAD, PauseGate
+from ckpt_agent.pause_gate import LOAD, WEIGHTS_LOST, PauseGate
 from ckpt_agent.reader import DEFAULT_CHUNK_BYTES, LoadProgress
 from ckpt_agent.relay.copy import RelayCopy
 from ckpt_agent.relay.load import open_version, pull_into
+from ckpt_agent.relay.peer import is_peer_fault
 from ckpt_agent.staging_dir import StagedDirectory
 from ckpt_agent.transport import Transport
 
 log = logging.getLogger(__name__)
+
+# Holds the engine paused after its weights were lost: neither a load's end nor an operator's
+# resume may give traffic back to weights nobody can vouch for; the next successful load does.
+WEIGHTS_LOST_HOLDER = WEIGHTS_LOST
+
+
+class EngineUnreachable(LoadError):
+    """The engine did not answer (down, restarting, or too slow)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(Reason.ENGINE_ERROR, message)
+
+
+class EngineMisconfigured(LoadError):
+    """The engine answers but cannot do what the agent needs (a server flag, version, or key is
+    missing); refused at start-up when the engine is up then, else before the first load."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(Reason.ENGINE_ERROR, message)
+
+
+class EngineRefused(LoadError):
+    """The engine refused a load at a point its own code reaches before writing any weight."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(Reason.ENGINE_ERROR, message)
+
+
+@dataclass(frozen=True)
+class DiskWeights:
+    """Weights on disk as the engine loads them, and the version it reports once it holds them."""
+
+    version: str
+    path: str | None  # as the engine sees it; None: unknown
+    load_format: str | None = None  # None: the engine's current format
+
+    def __str__(self) -> str:
+        return f"{self.version} ({self.path})"
 
 
 class EngineHttp:
@@ -50,14 +102,17 @@ class EngineHttp:
         limit_s: float,
         params: dict[str, str] | None = None,
         ok_statuses: tuple[int, ...] = (),
+        token: str | None = None,
     ) -> tuple[int, Any]:
         assert self._session is not None, "engine not started"
+        headers = {"Authorization": f"Bearer {token}"} if token else None
         try:
             async with self._session.request(
                 method,
                 self.base_url + path,
                 json=body,
                 params=params,
+                headers=headers,
                 timeout=aiohttp.ClientTimeout(total=limit_s),
             ) as resp:
                 text = await resp.text()
@@ -65,9 +120,14 @@ class EngineHttp:
                     raise LoadError(
                         Reason.ENGINE_ERROR, f"{self._label} {path} answered HTTP {resp.status}: {text[:500]}"
                     )
-                return resp.status, _decode(text, strict=resp.status // 100 == 2)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            raise LoadError(Reason.ENGINE_ERROR, f"{self._label} {path} failed: {exc!r}") from None
+                try:
+                    return resp.status, _decode(text, strict=resp.status // 100 == 2)
+                except ValueError as exc:
+                    raise LoadError(
+                        Reason.ENGINE_ERROR, f"{self._label} {path} answered non-JSON: {exc}"
+                    ) from None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise EngineUnreachable(f"{self._label} at {self.base_url}: {path} failed: {exc!r}") from None
 
 
 def _decode(text: str, *, strict: bool) -> Any:
@@ -82,53 +142,147 @@ def _decode(text: str, *, strict: bool) -> Any:
         return text
 
 
+def reloadable_boot_path(path: object) -> str | None:
+    """Why the engine's boot weights at `path` cannot be reloaded, or None if they can: only a
+    local directory is. A hub id would be fetched again mid-incident, maybe at another revision."""
+    if not isinstance(path, str) or not path:
+        return "the engine reported no model path"
+    if not os.path.isabs(path):
+        return f"the engine booted from {path!r}, not a local directory"
+    return None
+
+
 class DiskStagedEngine:
     name = "disk-staged"
+    label = "the engine"
     supports_infer = False
 
     def __init__(
         self,
+        base_url: str,
         staging_root: Path,
         *,
+        control_timeout: float = 30.0,
+        update_timeout: float = 1800.0,
+        probe_timeout: float = 5.0,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         max_manifest_bytes: int = DEFAULT_MAX_MANIFEST_BYTES,
         parallelism: int = 1,
         relay: bool = True,
     ) -> None:
         self.staging_root = staging_root
+        self._http = EngineHttp(base_url, self.label)
+        self._control_timeout = control_timeout
+        self._update_timeout = update_timeout
+        self._probe_timeout = probe_timeout
         self._chunk = chunk_bytes
         self._max_manifest = max_manifest_bytes
         self._parallelism = parallelism
         self._relay = relay
+        self.load_format: str | None = None  # what staged versions are loaded with (None: engine's)
         self._live: StagedDirectory | None = None  # the staged copy of the live version
+        self._live_format: str | None = None
+        self._probed = False
+        # What the engine served before the agent's first load, and why it cannot be reloaded
+        # (None: it can).
+        self._boot: DiskWeights | None = None
+        self._boot_unreloadable: str | None = "the engine was not probed"
+        self._weights_unknown = False  # a load lost them; only a successful load clears this
 
     # -- what an engine subclass provides --------------------------------------------------------
-    async def apply(self, job: LoadJob, path: Path) -> None:
-        """Make the engine load `path` (called with traffic paused)."""
+    async def probe(self, limit_s: float) -> tuple[DiskWeights | None, str | None]:
+        """Check the engine can do what the agent needs (raise EngineMisconfigured if not);
+        return what it serves now and why that cannot be reloaded (None: it can)."""
         raise NotImplementedError
 
-    async def confirm(self, job: LoadJob) -> None:
-        """Check the engine serves `job.version` (called after resuming)."""
+    async def apply(self, weights: DiskWeights) -> None:
+        """Make the engine load `weights` and record its version (called with traffic paused)."""
+        raise NotImplementedError
+
+    async def confirm(self, weights: DiskWeights) -> None:
+        """Raise LoadError unless the engine reports it holds `weights` (called paused)."""
+        raise NotImplementedError
+
+    async def pause(self) -> None:
+        raise NotImplementedError
 
     # -- Engine ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self._http.start()
+        try:
+            await self._ensure_probed(self._probe_timeout)
+        except EngineMisconfigured:
+            await self._http.close()
+            raise
+        except LoadError as exc:
+            # Not up, or not ready (a sidecar engine may take minutes to load its model): the
+            # first load checks it again.
+            log.warning("%s; checking it again before the first load", exc.message)
+        except BaseException:
+            await self._http.close()
+            raise
+
+    async def close(self) -> None:
+        await self._http.close()
+
     async def infer(self) -> list[float]:
         raise NotImplementedError(f"{self.name} serves its own API")
 
     async def load(self, job: LoadJob, gate: PauseGate, progress: LoadProgress) -> LoadOutcome:
+        try:
+            return await self._load(job, gate, progress)
+        except LoadError as exc:
+            # The service would take any other failure to mean the previous weights still
+            # serve; after a loss that is false until a load succeeds. A peer fault stays as it
+            # is so that the service retries from the source.
+            if not self._weights_unknown or exc.weights_lost or (job.peer is not None and is_peer_fault(exc)):
+                raise
+            raise LoadError(
+                exc.reason,
+                f"{exc.message}; {self.label}'s weights are still unknown since an earlier load lost them",
+                tensor=exc.tensor,
+                weights_lost=True,
+            ) from exc
+
+    async def _load(self, job: LoadJob, gate: PauseGate, progress: LoadProgress) -> LoadOutcome:
+        # Before pulling any byte: a misconfigured or absent engine fails the load cheaply.
+        await self._ensure_probed(self._control_timeout)
         transport, manifest, digest, raw = await open_version(job, self._max_manifest)
         try:
             progress.bytes_total = manifest.total_bytes
+            self._move_live_copy_aside(job.version)
             staged = await asyncio.to_thread(self._stage, transport, manifest, job, progress)
         finally:
             transport.close()
+        target = DiskWeights(job.version, str(staged.path), self.load_format)
+        paused = False
+        failure: LoadError | None = None
         try:
             async with gate.hold(LOAD):
-                await self.apply(job, staged.path)
-            await self.confirm(job)
+                paused = True
+                failure = await self._apply_or_restore(target, gate)
+        except LoadError as exc:
+            staged.release()
+            if not paused:  # the pause failed: nothing was touched
+                raise
+            # The resume failed: the engine may be gone, or stay paused with whatever it holds.
+            self._forget_live()
+            loaded = failure.message if failure is not None else f"{job.version} loaded and confirmed"
+            raise LoadError(
+                failure.reason if failure is not None else exc.reason,
+                f"{loaded}, but resuming {self.label} failed: {exc.message}",
+                weights_lost=True,
+            ) from exc
         except BaseException:
             staged.release()
             raise
+        if failure is not None:
+            staged.release()
+            if failure.weights_lost:
+                self._forget_live()
+            raise failure
         previous, self._live = self._live, staged
+        self._live_format, self._weights_unknown = target.load_format, False
         if previous is not None:
             previous.release()
         # The engine owns the live staging directory (released when the next load lands); the
@@ -137,6 +291,105 @@ class DiskStagedEngine:
         return LoadOutcome(
             manifest.total_bytes, job.must_verify, digest, relay, from_peer=job.peer is not None
         )
+
+    async def _ensure_probed(self, limit_s: float) -> None:
+        if not self._probed:
+            self._boot, self._boot_unreloadable = await self.probe(limit_s)
+            self._probed = True
+
+    async def _apply_or_restore(self, target: DiskWeights, gate: PauseGate) -> LoadError | None:
+        """Load `target` (traffic paused); on failure put the previous weights back. Returns the
+        error to raise (with `weights_lost` if nothing consistent is known to serve), or None."""
+        error = await self._attempt(target)
+        # The load's own hold is still there: neither call pauses or resumes the engine.
+        if error is None:
+            await gate.release(WEIGHTS_LOST_HOLDER)
+        elif error.weights_lost:
+            await gate.acquire(WEIGHTS_LOST_HOLDER)
+        return error
+
+    async def _attempt(self, target: DiskWeights) -> LoadError | None:
+        if self._weights_unknown:
+            try:
+                # The gate may still count the engine paused (weights-lost) while it restarted,
+                # unpaused, since: pause it for real before touching its weights.
+                await self.pause()
+            except LoadError as exc:
+                return self._lost(exc, "pausing it failed")
+        try:
+            await self.apply(target)
+            await self.confirm(target)
+        except LoadError as exc:
+            return await self._restore(exc)
+        return None
+
+    async def _restore(self, failure: LoadError) -> LoadError:
+        if self._weights_unknown:
+            return self._lost(failure, "its weights were already unknown")
+        previous = self._previous()
+        reloadable = self._live is not None or self._boot_unreloadable is None
+        restore = previous if reloadable and previous is not None else None
+        if restore is None:
+            if isinstance(failure, EngineRefused) and await self._reports(previous):
+                return failure
+            return self._lost(failure, f"nothing to restore ({self._boot_unreloadable})")
+        log.warning("loading failed (%s); restoring %s", failure.message, restore)
+        try:
+            await self.apply(restore)
+            await self.confirm(restore)
+        except LoadError as exc:
+            # Refused twice before any weight was written: what served before still does. (A
+            # refusal of the restore alone says nothing of what the failed load left.)
+            both_refused = isinstance(failure, EngineRefused) and isinstance(exc, EngineRefused)
+            if both_refused and await self._reports(restore):
+                return failure
+            return self._lost(failure, f"restoring {restore} failed too: {exc.message}")
+        log.info("restored %s", restore)
+        return LoadError(
+            failure.reason,
+            f"{failure.message}; restored {restore.version} from {restore.path} and {self.label} confirms it",
+            tensor=failure.tensor,
+        )
+
+    def _previous(self) -> DiskWeights | None:
+        """What the engine served before this load: the live staged copy, else its boot weights."""
+        if self._live is not None:
+            return DiskWeights(self._live.version, str(self._live.path), self._live_format)
+        return self._boot
+
+    async def _reports(self, weights: DiskWeights | None) -> bool:
+        if weights is None:
+            return False
+        try:
+            await self.confirm(weights)
+        except LoadError as exc:
+            log.warning("%s", exc.message)
+            return False
+        return True
+
+    def _lost(self, failure: LoadError, why: str) -> LoadError:
+        return LoadError(
+            failure.reason,
+            f"{failure.message}; {why}; {self.label} may hold partial weights",
+            tensor=failure.tensor,
+            weights_lost=True,
+        )
+
+    def _forget_live(self) -> None:
+        self._weights_unknown = True
+        if self._live is not None:
+            self._live.release()
+            self._live = None
+
+    def _move_live_copy_aside(self, version: str) -> None:
+        """A load of the live version stages into the live copy's place: keep the copy (the
+        restore point) under another name until the load has landed."""
+        live = self._live
+        if live is None or live.path != self.staging_root / version:
+            return
+        aside = self.staging_root / f".{version}.restore-{secrets.token_hex(4)}"
+        os.replace(live.path, aside)
+        live.path = aside
 
     def _stage(
         self, transport: Transport, manifest: Manifest, job: LoadJob, progress: LoadProgress
@@ -160,3 +413,12 @@ class DiskStagedEngine:
 
     def staged_path(self) -> Path | None:
         return self._live.path if self._live is not None else None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "url": self._http.base_url,
+            "staging": str(self.staged_path()),
+            "boot": None if self._boot is None else str(self._boot),
+            "weights_unknown": self._weights_unknown,
+        }

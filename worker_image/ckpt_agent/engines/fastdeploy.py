@@ -1,33 +1,82 @@
-"""Adapter for a co-located FastDeploy server, driven through its documented V1 control API:
+"""Adapter for a co-located FastDeploy server, through its V1 control API as FastDeploy's code
+has it at upstream commit c1b7c083da606ed7f3ac35c2f905dc904f1163b2 (api_server.py routes,
+engine/request.py ControlResponse, engine/common_engine.py `_control_*`, rl/dynamic_weight_manager.py):
 
-    POST /v1/pause            stop generation, abort in-flight requests
-    POST /v1/update_weights   {"version", "verify_checksum"}: the engine pulls the version
-                              itself (load_strategy=rsync); it must already be paused and
-                              does not resume by itself
-    POST /v1/resume           resume generation
-    GET  /v1/is_paused        {"is_paused": bool}
+    POST /v1/pause            aborts and drains in-flight requests, then pauses; re-entrant
+    GET  /v1/is_paused        result {"is_paused": bool}
+    POST /v1/update_weights   {"version", "verify_checksum"}: the engine pulls the version itself;
+                              refused (500) unless paused; synchronous: answers once every
+                              tensor-parallel rank has loaded, with one
+                              {sync_cost, update_cost, total_cost, version, rank} per rank;
+                              never resumes by itself
+    POST /v1/resume           re-entrant
 
-Any 2xx is success; anything else is a failure whose body we quote. The agent always resumes
-what it paused. When a source is known the manifest is fetched first, so an unknown version or
-a digest mismatch is refused before the engine is paused.
+Every answer is the envelope {request_id, status: "success"|"error", error_message, result},
+whose HTTP status is its code; refusals before the engine runs (400 for a wrong parameter type,
+401 without the API key) are bare JSON. A success is HTTP 200 *and* status "success"; anything
+else fails the load, quoting the status and FastDeploy's error_message.
+
+Failure truth: each rank checks names, shapes and dtypes and then writes the new values into
+the live parameters in place, so a failed update (or a rank that reports another version) may
+leave a mix. Still paused, the adapter then loads the previous version back and reports it live
+only once every rank reports it; otherwise the load fails with `weights_lost`: the pod turns
+NotReady and FastDeploy stays paused (holder `weights-lost`) until a load succeeds. Otherwise the
+agent always resumes what it paused. When a source is known the manifest is
+fetched first, so an unknown version or a digest mismatch is refused before the engine pauses.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from contextlib import suppress
 from typing import Any
 
 import aiohttp
+from pydantic import ValidationError
 
 from ckpt_agent.engines.base import LoadJob, LoadOutcome
 from ckpt_agent.errors import LoadError, Reason
 from ckpt_agent.manifest import DEFAULT_MAX_MANIFEST_BYTES
-from ckpt_agent.pause_gate import LOAD, PauseGate
+from ckpt_agent.pause_gate import LOAD, WEIGHTS_LOST, PauseGate
 from ckpt_agent.reader import LoadProgress, fetch_manifest
 from ckpt_agent.transport import open_transport
+from ckpt_api.agent_api import PauseReply, PauseState, RankResult, UpdateWeightsReply
 
 log = logging.getLogger(__name__)
+
+# FastDeploy bounds update_weights itself: each rank must answer within 60 s
+# (common_engine.py `_call_worker(control_request, 60)`, then 500 "... timed out after 60s"),
+# and its API server waits at most 600 s for the engine (engine_client.py
+# `asyncio.wait_for(..., timeout=600)`, then 500 "Timeout waiting for control method response").
+# Waiting a little longer than 600 s means what we report is FastDeploy's own answer.
+FASTDEPLOY_SERVER_WAIT_S = 600.0
+DEFAULT_UPDATE_TIMEOUT_S = FASTDEPLOY_SERVER_WAIT_S + 30.0
+# Pause answers only after the drain: uncapped at c1b7c08 (it force-reaps scheduler ghosts after
+# 30 s), 60 s caps at e53f518; 120 s covers both.
+DEFAULT_PAUSE_TIMEOUT_S = 120.0
+DEFAULT_CONTROL_TIMEOUT_S = 30.0
+# common_engine.py `_control_update_weights`: refused before anything is written.
+PAUSE_REQUIRED = "Pause LLM Engine first before calling updating weights"
+
+
+class _Refused(LoadError):
+    """FastDeploy answered the call, and not with a success."""
+
+    def __init__(self, message: str, status: int, said: str) -> None:
+        super().__init__(Reason.ENGINE_ERROR, message)
+        self.status = status
+        self.said = said
+
+    @property
+    def changed_nothing(self) -> bool:
+        """Refused before any rank ran: the API server's own 4xx (a parameter type, the API key,
+        a route or method), or the engine's not-paused precondition."""
+        return 400 <= self.status < 500 or self.said.endswith(PAUSE_REQUIRED)
+
+
+class _Unreached(LoadError):
+    """No connection: the call never reached FastDeploy."""
 
 
 class FastDeployEngine:
@@ -38,51 +87,79 @@ class FastDeployEngine:
         self,
         base_url: str,
         *,
-        control_timeout: float = 30.0,
-        update_timeout: float = 1800.0,
+        api_key: str | None = None,
+        control_timeout: float = DEFAULT_CONTROL_TIMEOUT_S,
+        pause_timeout: float = DEFAULT_PAUSE_TIMEOUT_S,
+        update_timeout: float = DEFAULT_UPDATE_TIMEOUT_S,
         max_manifest_bytes: int = DEFAULT_MAX_MANIFEST_BYTES,
         resume_attempts: int = 3,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self._api_key = api_key
         self._control_timeout = control_timeout
+        self._pause_timeout = pause_timeout
         self._update_timeout = update_timeout
         self._max_manifest = max_manifest_bytes
         self._resume_attempts = resume_attempts
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
-        self._session = aiohttp.ClientSession()
+        # FastDeploy's AuthenticationMiddleware (--api-key / FD_API_KEY) guards every /v1 path.
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else None
+        self._session = aiohttp.ClientSession(headers=headers)
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
 
     async def _call(
-        self, method: str, path: str, body: dict[str, Any] | None = None, *, limit_s: float
+        self,
+        method: str,
+        path: str,
+        model: type[PauseReply] | type[UpdateWeightsReply],
+        body: dict[str, Any] | None = None,
+        *,
+        limit_s: float,
     ) -> Any:
+        """The call's `result`; raises _Refused (FastDeploy said no), _Unreached, or LoadError."""
         assert self._session is not None, "engine not started"
-        url = self.base_url + path
+        what = f"FastDeploy {method} {path}"
         try:
             async with self._session.request(
-                method, url, json=body, timeout=aiohttp.ClientTimeout(total=limit_s)
+                method, self.base_url + path, json=body, timeout=aiohttp.ClientTimeout(total=limit_s)
             ) as resp:
-                text = await resp.text()
-                if resp.status // 100 != 2:
-                    raise LoadError(
-                        Reason.ENGINE_ERROR, f"FastDeploy {path} answered HTTP {resp.status}: {text[:500]}"
-                    )
-                return await resp.json(content_type=None) if text.strip() else None
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            raise LoadError(Reason.ENGINE_ERROR, f"FastDeploy {path} failed: {exc!r}") from None
+                status, text = resp.status, await resp.text()
+        except aiohttp.ClientConnectorError as exc:
+            raise _Unreached(Reason.ENGINE_ERROR, f"{what}: cannot connect: {exc}") from None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise LoadError(Reason.ENGINE_ERROR, f"{what} failed: {exc!r}") from None
+        try:
+            reply = model.model_validate_json(text)
+        except ValidationError:
+            # Not the envelope: a refusal before the engine ran ({"error": ...}) or a proxy's page.
+            raise _Refused(f"{what}: HTTP {status}: {text[:500]}", status, text[:500]) from None
+        said = reply.error_message or ""
+        if status != 200 or not reply.succeeded:
+            raise _Refused(f"{what}: HTTP {status}, status {reply.status}: {said[:500]}", status, said)
+        return reply.result
 
     async def pause(self) -> None:
-        await self._call("POST", "/v1/pause", limit_s=self._control_timeout)
+        try:
+            await self._call("POST", "/v1/pause", PauseReply, limit_s=self._pause_timeout)
+        except _Unreached:
+            raise
+        except LoadError:
+            # A pause we gave up on may still complete (FastDeploy runs control calls one at a
+            # time): undo it. Resume is re-entrant there, so this is safe either way.
+            with suppress(LoadError):
+                await self._call("POST", "/v1/resume", PauseReply, limit_s=self._control_timeout)
+            raise
 
     async def resume(self) -> None:
         # Resuming is what gives traffic back; retry briefly before declaring the engine stuck.
         for attempt in range(1, self._resume_attempts + 1):
             try:
-                await self._call("POST", "/v1/resume", limit_s=self._control_timeout)
+                await self._call("POST", "/v1/resume", PauseReply, limit_s=self._control_timeout)
                 return
             except LoadError:
                 if attempt == self._resume_attempts:
@@ -91,10 +168,67 @@ class FastDeployEngine:
                 await asyncio.sleep(0.2 * attempt)
 
     async def is_paused(self) -> bool:
-        body = await self._call("GET", "/v1/is_paused", limit_s=self._control_timeout)
-        if not isinstance(body, dict) or not isinstance(body.get("is_paused"), bool):
-            raise LoadError(Reason.ENGINE_ERROR, f"FastDeploy /v1/is_paused returned {body!r}")
-        return bool(body["is_paused"])
+        result = await self._call("GET", "/v1/is_paused", PauseReply, limit_s=self._control_timeout)
+        if not isinstance(result, PauseState):
+            raise LoadError(
+                Reason.ENGINE_ERROR, f"FastDeploy GET /v1/is_paused: no result.is_paused: {result!r}"
+            )
+        return result.is_paused
+
+    async def _update(self, version: str, verify_checksum: bool) -> list[RankResult]:
+        """update_weights, and every rank must report `version`."""
+        result = await self._call(
+            "POST",
+            "/v1/update_weights",
+            UpdateWeightsReply,
+            {"version": version, "verify_checksum": verify_checksum},
+            limit_s=self._update_timeout,
+        )
+        if not isinstance(result, list) or not result:
+            raise LoadError(
+                Reason.ENGINE_ERROR, f"FastDeploy update_weights {version}: success without per-rank results"
+            )
+        wrong = [
+            f"rank {r.rank if r.rank is not None else i}: {r.version!r}"
+            for i, r in enumerate(result)
+            if r.version != version
+        ]
+        if wrong:
+            raise LoadError(
+                Reason.ENGINE_ERROR,
+                f"FastDeploy update_weights {version}: {len(wrong)} of {len(result)} ranks report another "
+                f"version ({', '.join(wrong)})",
+            )
+        return result
+
+    async def _undo(self, job: LoadJob, failure: LoadError) -> LoadError:
+        """After a failed update that may have written part of `job.version`: load the previous
+        version back (still paused); the error to report, `weights_lost` unless every rank
+        confirmed the previous version."""
+        if isinstance(failure, _Unreached) or (isinstance(failure, _Refused) and failure.changed_nothing):
+            return failure
+        previous = job.previous
+        if previous is None:
+            return LoadError(
+                failure.reason,
+                f"{failure.message}; FastDeploy may hold part of {job.version}, and no previous version "
+                "is known to load back (--initial-version names the engine's boot version)",
+                weights_lost=True,
+            )
+        try:
+            ranks = await self._update(previous.version, previous.checksum_verified)
+        except LoadError as exc:
+            return LoadError(
+                failure.reason,
+                f"{failure.message}; loading {previous.version} back failed too: {exc.message}",
+                weights_lost=True,
+            )
+        log.warning(
+            "FastDeploy: %s failed, %s loaded back on %d ranks", job.version, previous.version, len(ranks)
+        )
+        return LoadError(
+            failure.reason, f"{failure.message}; {previous.version} loaded back on all {len(ranks)} ranks"
+        )
 
     async def load(self, job: LoadJob, gate: PauseGate, progress: LoadProgress) -> LoadOutcome:
         digest: str | None = None
@@ -113,22 +247,32 @@ class FastDeployEngine:
                 transport.close()
             nbytes = manifest.total_bytes
             progress.bytes_total = nbytes
-        updated = False
+        failure: LoadError | None = None
+        applied = False
         try:
             async with gate.hold(LOAD):
-                await self._call(
-                    "POST",
-                    "/v1/update_weights",
-                    {"version": job.version, "verify_checksum": job.verify_checksum},
-                    limit_s=self._update_timeout,
-                )
-                updated = True
+                try:
+                    await self._update(job.version, job.verify_checksum)
+                except LoadError as exc:
+                    failure = await self._undo(job, exc)
+                    if failure.weights_lost:
+                        # Ranks hold a mix nobody can vouch for: keep FastDeploy paused after
+                        # this load's hold ends, until a load succeeds.
+                        await gate.acquire(WEIGHTS_LOST)
+                    raise failure from exc
+                await gate.release(WEIGHTS_LOST)
+                applied = True
         except LoadError as exc:
-            if updated:
-                raise LoadError(
-                    Reason.ENGINE_ERROR, f"{job.version} loaded but resuming FastDeploy failed: {exc.message}"
-                ) from exc
-            raise
+            if exc is failure or (failure is None and not applied):
+                raise  # the load's own failure, or a pause that failed (nothing was sent)
+            # The resume failed: the engine stays paused, so the pod must not look Ready.
+            if failure is None:
+                reason, done = Reason.ENGINE_ERROR, f"{job.version} is loaded on every rank"
+            else:
+                reason, done = failure.reason, failure.message
+            raise LoadError(
+                reason, f"{done}, but FastDeploy did not resume: {exc.message}", weights_lost=True
+            ) from exc
         progress.bytes_done = nbytes
         return LoadOutcome(nbytes, job.verify_checksum, digest)
 
@@ -136,4 +280,4 @@ class FastDeployEngine:
         raise NotImplementedError("FastDeploy serves its own OpenAI-compatible API")
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "url": self.base_url}
+        return {"name": self.name, "url": self.base_url, "api_key": self._api_key is not None}

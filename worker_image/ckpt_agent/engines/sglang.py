@@ -1,31 +1,66 @@
-"""Adapter for a co-located SGLang server, through its documented native HTTP API:
+"""Adapter for a co-located SGLang server, through its native HTTP API as SGLang 0.5.23 defines
+it (sglang/srt/entrypoints/http_server.py, managers/io_struct.py, utils/auth.py):
 
-    POST /pause_generation          {"mode": "abort"}: stop scheduling, abort in-flight requests
-    POST /update_weights_from_disk  {"model_path", "weight_version", "load_format"?, "flush_cache"}
-                                    -> {"success": bool, "message": str} (400 when not success);
-                                    SGLang keeps the old weights when a load fails
-    POST /continue_generation       resume scheduling (always sent after a pause)
-    GET  /model_info (newer), /get_model_info, /get_weight_version  -> {"weight_version": ...}
+    POST /pause_generation          {"mode": "abort" | "retract" | "in_place"}
+    POST /update_weights_from_disk  {"model_path", "weight_version", "flush_cache", "load_format"?}
+                                    -> 200 {"success": true, "message"} | 400 {"success": false, ...}
+    POST /continue_generation       {}
+    GET  /model_info                {"model_path", "weight_version", "load_format", ...}
 
-The agent stages (pulls + verifies) the version into a local directory first, so SGLang reads
-only verified bytes from local disk while paused.
+Every route takes a JSON body (an empty one fails validation, answered 400). With `--api-key`
+and/or `--admin-api-key` the server wants `Authorization: Bearer`: the three POST routes take
+the admin key when the server has one (then only that key), else the api key; /model_info takes
+the api key when there is one, else nothing.
+
+What a load leaves, per SGLang's own code: refused before any weight is written (no model
+loader for the format, no weights at the path, online updates unsupported) the old weights
+stay; a failure while loading triggers SGLang's "rollback", which re-reads the *new* path, so
+the server usually dies (or holds the new weights, answering 400). The agent therefore restores
+the previous version itself (see disk_staged). On success SGLang's `model_path` and
+`served_model_name` (what /v1/models lists) become the staged directory, so it must be mounted
+at the same path in SGLang's container as in the agent's.
+
+Pause modes: `abort` (default) aborts in-flight requests, so every response comes from one
+version and the radix-cache flush after the load succeeds; `retract` requeues them and
+recomputes after the load (no lost work, but a response may mix tokens of two versions);
+`in_place` keeps their KV cache, which SGLang then refuses to flush (failing the update after
+swapping weights), so the agent sends `flush_cache: false` and prefix-cache entries computed by
+the old weights outlive the load.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
-from ckpt_agent.engines.base import LoadJob
-from ckpt_agent.engines.disk_staged import DiskStagedEngine, EngineHttp
+from ckpt_agent.engines.disk_staged import (
+    DiskStagedEngine,
+    DiskWeights,
+    EngineMisconfigured,
+    EngineRefused,
+    reloadable_boot_path,
+)
 from ckpt_agent.errors import LoadError, Reason
 
-# Where SGLang reports its weight version, newest API first.
-VERSION_PATHS = ("/model_info", "/get_model_info", "/get_weight_version")
+PauseMode = Literal["abort", "retract", "in_place"]
+PAUSE_MODES: tuple[PauseMode, ...] = get_args(PauseMode)
+DEFAULT_PAUSE_MODE: PauseMode = "abort"
+_KEEPS_KV: PauseMode = "in_place"
+
+DUMMY_FORMAT = "dummy"
+# How SGLang 0.5.23's disk update starts its reply when it gave up before writing any weight
+# (model_runner_components/weight_updater.py).
+REFUSED_BEFORE_ANY_WEIGHT = (
+    "Failed to get model loader",
+    "Failed to get weights iterator",
+    "Online weight updates are not supported",
+)
+_WORKER_SEPARATOR = " | "  # several workers' messages in one reply
 
 
 class SGLangEngine(DiskStagedEngine):
     name = "sglang"
+    label = "SGLang"
 
     def __init__(
         self,
@@ -33,64 +68,135 @@ class SGLangEngine(DiskStagedEngine):
         staging_root: Path,
         *,
         load_format: str | None = None,
-        control_timeout: float = 30.0,
-        update_timeout: float = 1800.0,
-        **staging: Any,
+        pause_mode: str = DEFAULT_PAUSE_MODE,
+        api_key: str | None = None,
+        admin_api_key: str | None = None,
+        **options: Any,
     ) -> None:
-        super().__init__(staging_root, **staging)
-        self._http = EngineHttp(base_url, "SGLang")
-        self._load_format = load_format
-        self._control_timeout = control_timeout
-        self._update_timeout = update_timeout
+        super().__init__(base_url, staging_root, **options)
+        if pause_mode not in PAUSE_MODES:
+            raise ValueError(f"SGLang pause mode must be one of {PAUSE_MODES}, got {pause_mode!r}")
+        self.load_format = load_format
+        self._pause_mode = pause_mode
+        self._api_key = api_key or None
+        self._admin_token = admin_api_key or api_key or None
         self._paused = False  # SGLang has no "is paused" query: we track what we asked for
 
-    async def start(self) -> None:
-        await self._http.start()
-
-    async def close(self) -> None:
-        await self._http.close()
-
     async def pause(self) -> None:
-        await self._http.call("POST", "/pause_generation", {"mode": "abort"}, limit_s=self._control_timeout)
+        body = {"mode": self._pause_mode}
+        await self._http.call(
+            "POST", "/pause_generation", body, limit_s=self._control_timeout, token=self._admin_token
+        )
         self._paused = True
 
     async def resume(self) -> None:
-        await self._http.call("POST", "/continue_generation", {}, limit_s=self._control_timeout)
+        await self._http.call(
+            "POST", "/continue_generation", {}, limit_s=self._control_timeout, token=self._admin_token
+        )
         self._paused = False
 
     async def is_paused(self) -> bool:
         return self._paused
 
-    async def apply(self, job: LoadJob, path: Path) -> None:
-        body: dict[str, Any] = {"model_path": str(path), "weight_version": job.version, "flush_cache": True}
-        if self._load_format:
-            body["load_format"] = self._load_format
+    async def probe(self, limit_s: float) -> tuple[DiskWeights | None, str | None]:
+        url = self._http.base_url
+        status, info = await self._http.call(
+            "GET", "/model_info", limit_s=limit_s, ok_statuses=(401, 404), token=self._api_key
+        )
+        if status == 401:
+            raise EngineMisconfigured(
+                f"SGLang at {url} refused /model_info (HTTP 401): it runs with --api-key; "
+                "give the agent that key with --sglang-api-key-file"
+            )
+        if status == 404:
+            raise EngineMisconfigured(
+                f"SGLang at {url} has no /model_info, where SGLang 0.5.23 reports weight_version: "
+                "upgrade it (the adapter follows SGLang 0.5.23)"
+            )
+        if not isinstance(info, dict) or not isinstance(info.get("weight_version"), str):
+            raise EngineMisconfigured(f"SGLang at {url}: /model_info has no weight_version: {info!r:.300}")
+        boot_format = info.get("load_format")
+        if boot_format == DUMMY_FORMAT and self.load_format is None:
+            raise EngineMisconfigured(
+                f"SGLang at {url} runs --load-format dummy, and a disk update without a load format "
+                "uses the server's, which refuses every load (Failed to get model loader): start "
+                "the agent with --sglang-load-format auto"
+            )
+        # An empty body fails SGLang's validation (model_path is required) after its auth
+        # middleware has run: a check of the admin key and the route that changes nothing.
+        status, _ = await self._http.call(
+            "POST",
+            "/update_weights_from_disk",
+            {},
+            limit_s=limit_s,
+            ok_statuses=(400, 401, 404, 422),
+            token=self._admin_token,
+        )
+        if status == 401:
+            raise EngineMisconfigured(
+                f"SGLang at {url} refused the agent's key for its admin routes (HTTP 401): give the "
+                "agent --sglang-admin-api-key-file with the server's --admin-api-key (or, when the "
+                "server has only --api-key, --sglang-api-key-file)"
+            )
+        if status not in (400, 422):
+            raise EngineMisconfigured(
+                f"SGLang at {url} answered HTTP {status} to an update_weights_from_disk without "
+                "model_path: not the API of SGLang 0.5.23"
+            )
+        path = info.get("model_path")
+        boot = DiskWeights(
+            info["weight_version"],
+            path if isinstance(path, str) else None,
+            boot_format if isinstance(boot_format, str) else None,
+        )
+        why = reloadable_boot_path(path)
+        if why is None and boot_format == DUMMY_FORMAT:
+            why = "SGLang booted with dummy weights"
+        return boot, why
+
+    async def apply(self, weights: DiskWeights) -> None:
+        body: dict[str, Any] = {
+            "model_path": weights.path,
+            "weight_version": weights.version,
+            "flush_cache": self._pause_mode != _KEEPS_KV,
+        }
+        if weights.load_format:
+            body["load_format"] = weights.load_format
         # A refused load is HTTP 400 with {"success": false, "message"}: read it, do not just raise.
         status, reply = await self._http.call(
-            "POST", "/update_weights_from_disk", body, limit_s=self._update_timeout, ok_statuses=(400,)
+            "POST",
+            "/update_weights_from_disk",
+            body,
+            limit_s=self._update_timeout,
+            ok_statuses=(400, 401),
+            token=self._admin_token,
         )
-        if not isinstance(reply, dict) or reply.get("success") is not True:
-            message = reply.get("message") if isinstance(reply, dict) else reply
-            raise LoadError(
-                Reason.ENGINE_ERROR, f"SGLang refused {job.version} (HTTP {status}): {str(message)[:500]}"
-            )
+        if isinstance(reply, dict) and reply.get("success") is True:
+            return
+        if status == 401:  # refused by SGLang's auth middleware, before the route ran
+            raise EngineRefused(f"SGLang refused the agent's admin key (HTTP 401) loading {weights}")
+        message = str(reply.get("message") if isinstance(reply, dict) else reply)
+        text = f"SGLang failed to load {weights} (HTTP {status}): {message[:500]}"
+        # A validation error (its ErrorResponse has no "success") never reached the model.
+        unchecked = isinstance(reply, dict) and "success" not in reply
+        parts = message.split(_WORKER_SEPARATOR)
+        if status == 400 and (
+            unchecked or all(p.strip().startswith(REFUSED_BEFORE_ANY_WEIGHT) for p in parts)
+        ):
+            raise EngineRefused(text)
+        raise LoadError(Reason.ENGINE_ERROR, text)
 
-    async def confirm(self, job: LoadJob) -> None:
-        reported = await self.weight_version()
-        if reported != job.version:
+    async def confirm(self, weights: DiskWeights) -> None:
+        _, info = await self._http.call(
+            "GET", "/model_info", limit_s=self._control_timeout, token=self._api_key
+        )
+        reported = info.get("weight_version") if isinstance(info, dict) else None
+        path = info.get("model_path") if isinstance(info, dict) else None
+        if reported != weights.version or (weights.path is not None and path != weights.path):
             raise LoadError(
-                Reason.ENGINE_ERROR, f"SGLang reports weight_version {reported!r} after loading {job.version}"
+                Reason.ENGINE_ERROR,
+                f"SGLang reports weight_version {reported!r} from {path!r}, expected {weights}",
             )
-
-    async def weight_version(self) -> str | None:
-        for path in VERSION_PATHS:
-            status, body = await self._http.call(
-                "GET", path, limit_s=self._control_timeout, ok_statuses=(404,)
-            )
-            if status == 200 and isinstance(body, dict) and "weight_version" in body:
-                version = body["weight_version"]
-                return None if version is None else str(version)
-        raise LoadError(Reason.ENGINE_ERROR, f"SGLang reports no weight_version at any of {VERSION_PATHS}")
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "url": self._http.base_url, "staging": str(self.staged_path())}
+        return {**super().describe(), "pause_mode": self._pause_mode, "load_format": self.load_format}

@@ -1,54 +1,89 @@
-"""Adapter for a co-located vLLM server started with VLLM_SERVER_DEV_MODE=1, through the
-endpoints vLLM documents for RL weight updates:
+"""Adapter for a co-located vLLM server started with VLLM_SERVER_DEV_MODE=1, through the dev-mode
+routes as vLLM 0.33.0 defines them (vllm/entrypoints/rl/online/api_router.py,
+entrypoints/serve/dev/rpc/api_router.py, entrypoints/serve/dev/server_info/api_router.py):
 
-    POST /pause?mode=abort&clear_cache=true   pause generation, abort in-flight requests and
-                                              drop KV/prefix cache (stale after new weights)
-    POST /collective_rpc  {"method": "reload_weights", "kwargs": {"weights_path": <dir>}}
-                          every worker reloads its weights in place from the directory
-                          -> 200 {"results": [...]} (one entry per worker)
-    POST /resume                              resume generation (always sent after a pause)
-    GET  /is_paused                           {"is_paused": bool}
+    POST /pause?mode=abort&clear_cache=true   abort in-flight requests, drop the prefix cache;
+                                              new requests get 503 until resumed
+    POST /collective_rpc  {"method": "reload_weights",
+                           "kwargs": {"weights_path": <dir>, "is_checkpoint_format": true}}
+                          -> 200 {"results": [<one per worker>]}; a worker's error is a 500
+    POST /update_weight_version {"new_version"}   the label vLLM reports (reload never sets it)
+    GET  /weight_info                         {"weight_version"}
+    POST /resume, GET /is_paused              {"is_paused": bool}
+    GET  /version, GET /server_info?config_format=json   (start-up checks, boot weights)
 
-vLLM has no weight-version query: success is the 200 of the reload with a result from every
-worker. The agent stages (pulls + verifies) the version into a local directory first.
+Without dev mode none of these routes exist (404). They are unauthenticated even when the
+server has `--api-key` (vLLM checks keys only under /v1, /v2, /inference, /cohere): anyone who
+reaches the port can reload or pause the engine, so restrict who reaches it (a NetworkPolicy, or
+a proxy passing only the inference routes). `weights_path` exists since vLLM 0.16.0 (older
+workers raise TypeError, a 500); `/update_weight_version` and `/weight_info` came later
+(vllm-project/vllm#49040).
+
+What a load leaves: vLLM reloads in place, layer by layer, with no rollback: a failure part way
+leaves some layers new and others uninitialised, while /weight_info still names the old
+version. Only the start-up load format is used (a `dummy` server cannot reload from disk). The
+agent therefore restores the previous version itself (see disk_staged) and confirms it by the
+reload's success on every worker plus the version label it sets: vLLM offers no read-back of
+the weights. The served model name does not change.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import logging
+import re
 from typing import Any
 
-from ckpt_agent.engines.base import LoadJob
-from ckpt_agent.engines.disk_staged import DiskStagedEngine, EngineHttp
+from ckpt_agent.engines.disk_staged import (
+    DiskStagedEngine,
+    DiskWeights,
+    EngineMisconfigured,
+    EngineRefused,
+    reloadable_boot_path,
+)
 from ckpt_agent.errors import LoadError, Reason
+
+MIN_VERSION = (0, 16, 0)  # GPUModelRunner.reload_weights(weights_path=...)
+DUMMY_FORMAT = "dummy"
+PAUSE_PARAMS = {"mode": "abort", "clear_cache": "true"}
+# How a worker's error names a call an older vLLM does not know, and a load format it cannot
+# reload with: both raised before any weight is touched.
+NO_WEIGHTS_PATH = "unexpected keyword argument 'weights_path'"
+NO_RELOAD_FOR_FORMAT = "Model reloading with"
+_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?")
+
+log = logging.getLogger(__name__)
+
+
+def _minimum_version_error(found: str | None) -> str:
+    which = f"vLLM {found}" if found else "this vLLM"
+    return (
+        f"{which} cannot reload weights from a directory: reload_weights(weights_path=...) needs "
+        "vLLM >= 0.16.0 (the adapter follows vLLM 0.33.0)"
+    )
+
+
+def parse_version(text: object) -> tuple[int, int, int] | None:
+    match = _VERSION.match(text) if isinstance(text, str) else None
+    if match is None:
+        return None
+    major, minor, patch = match.groups()
+    return int(major), int(minor), int(patch or 0)
+
+
+def _error_text(reply: Any) -> str:
+    """The message of vLLM's error envelope {"error": {"message"}} (or {"error": str})."""
+    error = reply.get("error") if isinstance(reply, dict) else reply
+    if isinstance(error, dict):
+        error = error.get("message", error)
+    return str(error)
 
 
 class VLLMEngine(DiskStagedEngine):
     name = "vllm"
-
-    def __init__(
-        self,
-        base_url: str,
-        staging_root: Path,
-        *,
-        control_timeout: float = 30.0,
-        update_timeout: float = 1800.0,
-        **staging: Any,
-    ) -> None:
-        super().__init__(staging_root, **staging)
-        self._http = EngineHttp(base_url, "vLLM")
-        self._control_timeout = control_timeout
-        self._update_timeout = update_timeout
-
-    async def start(self) -> None:
-        await self._http.start()
-
-    async def close(self) -> None:
-        await self._http.close()
+    label = "vLLM"
 
     async def pause(self) -> None:
-        params = {"mode": "abort", "clear_cache": "true"}
-        await self._http.call("POST", "/pause", params=params, limit_s=self._control_timeout)
+        await self._http.call("POST", "/pause", params=PAUSE_PARAMS, limit_s=self._control_timeout)
 
     async def resume(self) -> None:
         await self._http.call("POST", "/resume", limit_s=self._control_timeout)
@@ -59,12 +94,92 @@ class VLLMEngine(DiskStagedEngine):
             raise LoadError(Reason.ENGINE_ERROR, f"vLLM /is_paused returned {body!r}")
         return bool(body["is_paused"])
 
-    async def apply(self, job: LoadJob, path: Path) -> None:
-        body = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
-        _, reply = await self._http.call("POST", "/collective_rpc", body, limit_s=self._update_timeout)
+    async def probe(self, limit_s: float) -> tuple[DiskWeights | None, str | None]:
+        url = self._http.base_url
+        status, _ = await self._http.call("GET", "/is_paused", limit_s=limit_s, ok_statuses=(404,))
+        if status == 404:
+            raise EngineMisconfigured(
+                f"vLLM at {url} has no /is_paused: start it with VLLM_SERVER_DEV_MODE=1 (vLLM serves "
+                "its pause, reload and weight-version routes only in dev mode)"
+            )
+        status, body = await self._http.call("GET", "/version", limit_s=limit_s, ok_statuses=(404,))
+        found = body.get("version") if status == 200 and isinstance(body, dict) else None
+        parsed = parse_version(found)
+        if parsed is not None and parsed < MIN_VERSION:
+            raise EngineMisconfigured(_minimum_version_error(str(found)))
+        status, info = await self._http.call("GET", "/weight_info", limit_s=limit_s, ok_statuses=(404,))
+        if status == 404:
+            raise EngineMisconfigured(
+                f"vLLM {found or ''} at {url} has no /weight_info and /update_weight_version (added "
+                "after 0.16.0, vllm-project/vllm#49040; the adapter follows vLLM 0.33.0): the agent "
+                "could not set and confirm the version it loads"
+            )
+        version = info.get("weight_version") if isinstance(info, dict) else None
+        if not isinstance(version, str):
+            raise EngineMisconfigured(f"vLLM at {url}: /weight_info returned {info!r:.300}")
+        config = await self._startup_config()
+        model = config.get("model_config") or {}
+        load = config.get("load_config") or {}
+        if load.get("load_format") == DUMMY_FORMAT:
+            raise EngineMisconfigured(
+                f"vLLM at {url} runs --load-format dummy: reload_weights loads with the start-up "
+                "format, and dummy cannot load from disk; start vLLM with a disk format (e.g. auto)"
+            )
+        path = model.get("model")
+        why = reloadable_boot_path(path) if config else "vLLM's start-up config is unknown"
+        if why is None and (model.get("model_weights") or model.get("revision")):
+            why = "vLLM booted from a pulled or pinned model, which a reload by path would not reproduce"
+        return DiskWeights(version, path if isinstance(path, str) else None), why
+
+    async def _startup_config(self) -> dict[str, Any]:
+        """vllm_config as the API server started (never changed by reloads), or {} if unknown."""
+        try:
+            status, body = await self._http.call(
+                "GET",
+                "/server_info",
+                params={"config_format": "json"},
+                limit_s=self._control_timeout,
+                ok_statuses=(404,),
+            )
+        except LoadError as exc:
+            # Only the boot weights' restore needs it (and its system report can be slow).
+            log.warning("vLLM /server_info failed, its boot weights count as not reloadable: %s", exc.message)
+            return {}
+        config = body.get("vllm_config") if status == 200 and isinstance(body, dict) else None
+        return config if isinstance(config, dict) else {}
+
+    async def apply(self, weights: DiskWeights) -> None:
+        assert weights.path is not None
+        body = {
+            "method": "reload_weights",
+            "kwargs": {"weights_path": weights.path, "is_checkpoint_format": True},
+        }
+        status, reply = await self._http.call(
+            "POST", "/collective_rpc", body, limit_s=self._update_timeout, ok_statuses=(400, 500, 501)
+        )
+        if status // 100 != 2:
+            message = _error_text(reply)
+            if NO_WEIGHTS_PATH in message:
+                raise EngineRefused(f"{_minimum_version_error(None)}: {message[:300]}")
+            if NO_RELOAD_FOR_FORMAT in message:
+                raise EngineRefused(f"vLLM cannot reload its load format from disk: {message[:300]}")
+            text = f"vLLM reload_weights of {weights} failed (HTTP {status}): {message[:500]}"
+            if status == 400:  # the request itself was refused; no worker ran it
+                raise EngineRefused(text)
+            raise LoadError(Reason.ENGINE_ERROR, text)
         results = reply.get("results") if isinstance(reply, dict) else None
         if not isinstance(results, list) or not results:
-            raise LoadError(Reason.ENGINE_ERROR, f"vLLM reload_weights of {job.version} returned {reply!r}")
+            raise LoadError(Reason.ENGINE_ERROR, f"vLLM reload_weights of {weights} returned {reply!r:.300}")
+        _, reply = await self._http.call(
+            "POST", "/update_weight_version", {"new_version": weights.version}, limit_s=self._control_timeout
+        )
+        if not isinstance(reply, dict) or reply.get("success") is not True:
+            raise LoadError(Reason.ENGINE_ERROR, f"vLLM /update_weight_version returned {reply!r:.300}")
 
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "url": self._http.base_url, "staging": str(self.staged_path())}
+    async def confirm(self, weights: DiskWeights) -> None:
+        _, info = await self._http.call("GET", "/weight_info", limit_s=self._control_timeout)
+        reported = info.get("weight_version") if isinstance(info, dict) else None
+        if reported != weights.version:
+            raise LoadError(
+                Reason.ENGINE_ERROR, f"vLLM reports weight_version {reported!r}, expected {weights.version}"
+            )
