@@ -250,7 +250,17 @@ def _healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> bool:
 def _agent_container(built: Built, args: list[str], token_file: Path, log: Path) -> Iterator[str]:
     """The worker image's agent on a loopback port of the host network; yields its base URL."""
     (port,) = free_ports(1)
-    flags = ["--host", "127.0.0.1", "--port", str(port), "--auth-token-file", str(token_file), *args]
+    flags = [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--metrics-port",
+        "0",
+        "--auth-token-file",
+        str(token_file),
+        *args,
+    ]
     launch = ContainerLauncher(built.tag).launch(flags, built.name, {}, [token_file])
     proc = spawn(launch.argv, log, env=launch.env)
     url = f"http://127.0.0.1:{port}"
@@ -305,7 +315,17 @@ def test_a_killed_container_is_gone_after_cleanup(built_images: dict[str, Built]
     and `cleanup` leaves no container behind: what OperatorProcess.kill and PodRuntime rely on."""
     built = built_images["worker-slim"]
     (port,) = free_ports(1)
-    args = ["--host", "127.0.0.1", "--port", str(port), "--engine", "null", "--no-auth"]
+    args = [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--metrics-port",
+        "0",
+        "--engine",
+        "null",
+        "--no-auth",
+    ]
     launch = ContainerLauncher(built.tag).launch(args, "kill-probe", {}, [])
     log = tmp_path / "agent.log"
     proc = spawn(launch.argv, log, env=launch.env)

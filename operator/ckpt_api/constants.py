@@ -11,6 +11,8 @@ SHORT_NAMES = ["ckr"]
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
 DEFAULT_AGENT_PORT = 8089
+# The agent's /metrics without credentials, for Prometheus (the control port needs the operator's).
+DEFAULT_AGENT_METRICS_PORT = 8090
 # Audience of the projected token the operator presents to agents: a token minted for the
 # apiserver must not be replayable against the agents, and vice versa.
 DEFAULT_AGENT_AUDIENCE = "ckpt-rollout-agent"

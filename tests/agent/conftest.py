@@ -76,6 +76,7 @@ async def agent_factory(session: aiohttp.ClientSession) -> AsyncIterator[AgentFa
             auth=AuthConfig(disabled=True),
             report=False,
             chunk_bytes=4096,
+            metrics_port=None,  # many agents per test: a metrics test asks for port 0
         )
         config = replace(config, **overrides)
         agent = await build_agent(config)

@@ -100,9 +100,9 @@ async def test_agent_and_source_as_real_processes(tree: Tree, tmp_path: Path) ->
     async with (
         _process("serve", str(tree.root), "--port", "0") as (source, source_url),
         _process(
-            "agent", "--port", "0", "--source", source_url, "--initial-version", "v1", "--auth-token-file",
-            str(token), "--no-report", "--apply-mode", "streamed", "--model-hidden", str(SPEC.hidden),
-            "--model-layers", str(SPEC.layers),
+            "agent", "--port", "0", "--metrics-port", "0", "--source", source_url, "--initial-version", "v1",
+            "--auth-token-file", str(token), "--no-report", "--apply-mode", "streamed",
+            "--model-hidden", str(SPEC.hidden), "--model-layers", str(SPEC.layers),
         ) as (agent, agent_url),
         aiohttp.ClientSession() as session,
     ):  # fmt: skip

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from chart_render import CHART, ROOT, Helm, Obj
 
-from ckpt_api.constants import DEFAULT_AGENT_AUDIENCE, DEFAULT_AGENT_PORT
+from ckpt_api.constants import DEFAULT_AGENT_AUDIENCE, DEFAULT_AGENT_METRICS_PORT, DEFAULT_AGENT_PORT
 from ckpt_api.spec import CheckpointRolloutSpec
 from ckpt_api.vocabulary import WEIGHTS_READY_CONDITION
 from ckpt_rollout.chart_values import STATIC_NAMESPACE, STATIC_RELEASE, ChartValues
@@ -125,3 +125,18 @@ def test_worker_example_runs_as_the_worker_images_user() -> None:
     pod = _one(EXAMPLES / "worker-deployment.yaml", "Deployment")["spec"]["template"]["spec"]
     context = pod["securityContext"]
     assert users[-1] == f"{context['runAsUser']}:{context['runAsGroup']}"
+
+
+def test_the_worker_podmonitor_scrapes_the_agents_metrics_port() -> None:
+    monitor = _one(EXAMPLES / "worker-podmonitor.yaml", "PodMonitor")
+    deployment = _one(EXAMPLES / "worker-deployment.yaml", "Deployment")
+    assert monitor["spec"]["selector"]["matchLabels"] == deployment["spec"]["template"]["metadata"]["labels"]
+    container = _worker_container()
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert (
+        ports[endpoint["port"]]
+        == int(_flags(container["args"])["metrics-port"])
+        == DEFAULT_AGENT_METRICS_PORT
+    )
+    assert endpoint["path"] == "/metrics"

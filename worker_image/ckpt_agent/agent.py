@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ckpt_agent.app import create_app
+from ckpt_agent.app import create_app, create_metrics_app
 from ckpt_agent.auth import Authenticator, StaticTokenAuthenticator, TokenReviewAuthenticator
 from ckpt_agent.config import DEFAULT_ENGINE_URLS, DISK_ENGINES, AgentConfig, read_secret_file
 from ckpt_agent.engines.base import Engine
@@ -98,6 +98,11 @@ class Agent:
     service: AgentService
     server: AppServer
     api_client: Any | None
+    metrics_server: AppServer | None = None  # the credential-free /metrics port
+
+    @property
+    def metrics_url(self) -> str | None:
+        return self.metrics_server.url if self.metrics_server is not None else None
 
     @property
     def url(self) -> str:
@@ -105,8 +110,12 @@ class Agent:
 
     async def start(self) -> None:
         await self.server.start()
+        if self.metrics_server is not None:
+            await self.metrics_server.start()
 
     async def stop(self) -> None:
+        if self.metrics_server is not None:
+            await self.metrics_server.stop()
         await self.server.stop()
         if self.api_client is not None:
             await self.api_client.close()
@@ -153,4 +162,7 @@ async def build_agent(config: AgentConfig) -> Agent:
     app = create_app(
         service, authenticator, _relay_exporter(config), sync_timeout_s=config.sync_update_timeout
     )
-    return Agent(app, service, AppServer(app, config.host, config.port), api_client)
+    metrics_server = None
+    if config.metrics_port is not None:
+        metrics_server = AppServer(create_metrics_app(service), config.host, config.metrics_port)
+    return Agent(app, service, AppServer(app, config.host, config.port), api_client, metrics_server)

@@ -165,6 +165,15 @@ async def openapi(request: web.Request) -> web.Response:
     return web.Response(body=_openapi_body(), content_type="application/json")
 
 
+def create_metrics_app(service: AgentService) -> web.Application:
+    """/metrics alone, without credentials: what Prometheus scrapes. Separate from the control
+    port so that being allowed to read metrics never means being allowed to load weights."""
+    app = web.Application(middlewares=[error_middleware])
+    app[SERVICE] = service
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
 def create_app(
     service: AgentService,
     authenticator: Authenticator | None,

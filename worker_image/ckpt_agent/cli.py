@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ckpt_api.constants import DEFAULT_AGENT_PORT
+from ckpt_api.constants import DEFAULT_AGENT_METRICS_PORT, DEFAULT_AGENT_PORT
 
 SubParsers = Any  # argparse._SubParsersAction is private; this is what add_parser is called on
 
@@ -80,6 +80,7 @@ def config_from_args(args: argparse.Namespace, env: dict[str, str] | None = None
     return AgentConfig(
         host=args.host or default_host(environ),
         port=args.port,
+        metrics_port=args.metrics_port or None,
         engine=args.engine,
         source=args.source,
         initial_version=args.initial_version,
@@ -180,6 +181,13 @@ def _add_agent_parser(sub: SubParsers) -> None:
     p = sub.add_parser("agent", help="run the worker agent (weight loads, FastDeploy-style control API)")
     p.add_argument("--host", default=None, help="bind address (default: $POD_IP, else 127.0.0.1)")
     p.add_argument("--port", type=int, default=DEFAULT_AGENT_PORT)
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=DEFAULT_AGENT_METRICS_PORT,
+        help="GET /metrics without credentials, for Prometheus (0: none; the control port's "
+        "/metrics keeps asking for the operator's token)",
+    )
     p.add_argument(
         "--engine",
         choices=["paddle", "fastdeploy", "null", "sglang", "vllm"],

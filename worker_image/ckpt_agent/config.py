@@ -16,7 +16,7 @@ from ckpt_agent.loader import ApplyMode
 from ckpt_agent.manifest import DEFAULT_MAX_MANIFEST_BYTES
 from ckpt_agent.reader import DEFAULT_CHUNK_BYTES
 from ckpt_agent.synth import ReferenceModelSpec
-from ckpt_api.constants import DEFAULT_AGENT_PORT
+from ckpt_api.constants import DEFAULT_AGENT_METRICS_PORT, DEFAULT_AGENT_PORT
 
 # Engines the agent feeds from a local staging directory.
 DISK_ENGINES = ("sglang", "vllm")
@@ -49,6 +49,7 @@ class AuthConfig:
 class AgentConfig:
     host: str = "127.0.0.1"
     port: int = DEFAULT_AGENT_PORT
+    metrics_port: int | None = DEFAULT_AGENT_METRICS_PORT  # None: no separate metrics port
     engine: str = "paddle"
     source: str | None = None
     initial_version: str | None = None
