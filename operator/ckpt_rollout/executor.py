@@ -82,7 +82,7 @@ class Reconciler:
         patch = merge_diff(rollout.status.to_wire(), plan.status.to_wire())
         if patch:
             obj = await self.api.patch_status(meta.namespace, meta.name, patch)
-        _remember(memory, plan, now.mono)  # only once the plan's status is stored
+        remember(memory, plan, now.mono)  # only once the plan's status is stored
         metrics.observe_phase((meta.namespace, meta.name), plan.status.phase)
         for event in plan.events:
             emit(event.type, event.reason, event.message)
@@ -108,7 +108,7 @@ class Reconciler:
                 started = time.monotonic()
                 result = await self.agents.update_weights(call.ip, call.port, call.request)
                 metrics.AGENT_CALL_SECONDS.labels("update_weights").observe(time.monotonic() - started)
-            _record_call(memory, call, result, self.tuning)
+            record_call(memory, call, result, self.tuning, time.monotonic(), rfc3339(time.time()))
 
         await asyncio.gather(*(one(c) for c in calls))
 
@@ -118,22 +118,7 @@ class Reconciler:
         results = await asyncio.gather(*(self.agents.status(p.ip, p.port) for p in pulls))
         now = time.monotonic()
         for pull, result in zip(pulls, results, strict=True):
-            memory.last_pull[pull.pod] = now
-            if not result.accepted or result.agent_status is None:
-                continue  # unreachable for now: the worker timeout decides
-            outcome, reason, message = pulled_outcome(result.agent_status, target=pull.version)
-            if outcome is Outcome.UPDATED or outcome is Outcome.FAILED:
-                memory.heard[pull.pod] = WorkerStatus(
-                    version=pull.version,
-                    phase=WorkerPhase.UPDATED if outcome is Outcome.UPDATED else WorkerPhase.FAILED,
-                    reason=reason,
-                    message=message[:1000],
-                    checksum_verified=result.agent_status.checksum_verified,
-                    last_transition_time=stamp,
-                    wave=pull.wave,
-                )
-            elif outcome is Outcome.LOST:
-                memory.lost.add(pull.pod)
+            record_pull(memory, pull, result, now, stamp)
 
     async def _probe(self, plan: Plan, memory: Memory) -> None:
         if plan.probe is None:
@@ -143,7 +128,8 @@ class Reconciler:
         memory.probed = (plan.probe.pod, served)
 
 
-def _remember(memory: Memory, plan: Plan, now: float) -> None:
+def remember(memory: Memory, plan: Plan, now: float) -> None:
+    """What the plan says about Memory, once its status is stored."""
     if plan.reset_memory:
         memory.reset()
     for name in plan.first_seen:
@@ -156,8 +142,10 @@ def _remember(memory: Memory, plan: Plan, now: float) -> None:
         memory.busy_until.pop(call.pod, None)
 
 
-def _record_call(memory: Memory, call: Call, result: CallResult, tuning: Tuning) -> None:
-    now = time.monotonic()
+def record_call(
+    memory: Memory, call: Call, result: CallResult, tuning: Tuning, now: float, stamp: str
+) -> None:
+    """What an update_weights answer tells the next step."""
     if not result.connected:
         # Nobody listens yet (a pod that just started, its agent still booting): the request
         # never got there, so calling again is safe. The worker timeout runs from the first
@@ -173,9 +161,27 @@ def _record_call(memory: Memory, call: Call, result: CallResult, tuning: Tuning)
         reason, message = describe(result)
         rollout = call.request.rollout
         wave = rollout.wave if rollout is not None else 0
-        memory.heard[call.pod] = failure_entry(
-            call.request.version, wave, reason, message, rfc3339(time.time())
+        memory.heard[call.pod] = failure_entry(call.request.version, wave, reason, message, stamp)
+
+
+def record_pull(memory: Memory, pull: Pull, result: CallResult, now: float, stamp: str) -> None:
+    """What a /v1/status answer tells the next step."""
+    memory.last_pull[pull.pod] = now
+    if not result.accepted or result.agent_status is None:
+        return  # unreachable for now: the worker timeout decides
+    outcome, reason, message = pulled_outcome(result.agent_status, target=pull.version)
+    if outcome is Outcome.UPDATED or outcome is Outcome.FAILED:
+        memory.heard[pull.pod] = WorkerStatus(
+            version=pull.version,
+            phase=WorkerPhase.UPDATED if outcome is Outcome.UPDATED else WorkerPhase.FAILED,
+            reason=reason,
+            message=message[:1000],
+            checksum_verified=result.agent_status.checksum_verified,
+            last_transition_time=stamp,
+            wave=pull.wave,
         )
+    elif outcome is Outcome.LOST:
+        memory.lost.add(pull.pod)
 
 
 def describe(result: CallResult) -> tuple[str, str]:

@@ -20,10 +20,11 @@ from ckpt_api.spec import CheckpointRolloutSpec
 from ckpt_api.status import CheckpointRolloutStatus, WorkerStatus
 from ckpt_api.vocabulary import TERMINAL_PHASES, AgentState, WorkerPhase, WorkerReason
 from ckpt_e2e.testdata import valid_spec, valid_spec_defaults
+from ckpt_rollout.agent_client import CallResult
+from ckpt_rollout.executor import record_call, record_pull, remember
 from ckpt_rollout.machine import decide
 from ckpt_rollout.mergepatch import apply_merge_patch, merge_diff
-from ckpt_rollout.outcomes import Outcome, pulled_outcome
-from ckpt_rollout.plan import Meta, Rollout
+from ckpt_rollout.plan import Call, Meta, Rollout
 from ckpt_rollout.world import Memory, Now, Pod, Tuning
 
 # -- merge patches -----------------------------------------------------------------------------
@@ -98,6 +99,7 @@ def _spec(waves: list[Any], max_failures: int) -> CheckpointRolloutSpec:
 
 
 def _step(world: World, spec: CheckpointRolloutSpec) -> None:
+    """One step as the executor runs it (its own Memory bookkeeping), the agents simulated."""
     pods = {
         n: Pod(n, f"10.0.{i // 200}.{i % 200 + 1}", {"app": "rollout-worker"})
         for i, n in enumerate(sorted(world.present))
@@ -106,44 +108,33 @@ def _step(world: World, spec: CheckpointRolloutSpec) -> None:
     now = Now(wall=world.clock, mono=world.clock)
     plan = decide(rollout, world.memory, TUNING, now)
     world.status = plan.status  # the executor's write (the diff of this, merged)
-    memory = world.memory
-    if plan.reset_memory:
-        memory.reset()
-    for name in plan.first_seen:
-        memory.call_times.setdefault(name, now.mono)
-    for name in plan.consumed:
-        memory.heard.pop(name, None)
-    memory.announced.update(plan.announced)
+    remember(world.memory, plan, now.mono)
     recorded = {p for w in plan.status.waves for p in w.called}
     recorded |= set(plan.status.rollback.called) if plan.status.rollback else set()
     for call in plan.calls:
-        memory.lost.discard(call.pod)
-        memory.busy_until.pop(call.pod, None)
         world.recorded_before.append(call.pod in recorded)
-        _call(
-            world, call.pod, call.request.version, bool(call.request.rollout and call.request.rollout.report)
-        )
+        record_call(world.memory, call, _call(world, call), TUNING, world.clock, now.stamp)
     for pull in plan.pulls:
-        _pull(world, pull.pod, pull.version, pull.wave)
+        record_pull(world.memory, pull, _pull(world, pull.pod), world.clock, now.stamp)
     if plan.probe is not None:
-        memory.probed = (plan.probe.pod, world.agents[plan.probe.pod].live)
+        world.memory.probed = (plan.probe.pod, world.agents[plan.probe.pod].live)
     world.clock += max(plan.wake_after if plan.wake_after is not None else 1.0, 0.5)
 
 
-def _call(world: World, pod: str, version: str, report: bool) -> None:
-    agent, memory, now = world.agents[pod], world.memory, world.clock
+def _call(world: World, call: Call) -> CallResult:
+    """The agent's side of an update_weights call, and its answer."""
+    pod, version = call.pod, call.request.version
+    report = bool(call.request.rollout and call.request.rollout.report)
+    agent = world.agents[pod]
     what = agent.behaviour()
     world.calls.append((pod, version, what))
     if what == "unreached":  # no connection: the request surely never arrived
-        memory.call_times.setdefault(pod, now)
-        memory.busy_until[pod] = now + TUNING.busy_retry_s
-        return
-    memory.call_times[pod] = now
-    if what == "busy":  # 409: another load runs
-        memory.busy_until[pod] = now + TUNING.busy_retry_s
-        return
+        return CallResult(0, {}, "cannot connect", connected=False)
+    if what == "busy":  # another load runs
+        return CallResult(409, {"error": "Conflict", "message": "a load is running"})
+    accepted = CallResult(202, {"accepted": True, "version": version})
     if what == "lost":  # accepted, then the agent restarted and forgot it
-        return
+        return accepted
     agent.started.add(version)
     if what == "fail":
         agent.failed = version
@@ -154,23 +145,17 @@ def _call(world: World, pod: str, version: str, report: bool) -> None:
         reason = WorkerReason.CHECKSUM_MISMATCH if what == "fail" else WorkerReason.LOADED
         entry = WorkerStatus(version=version, phase=phase, reason=reason)
         world.status = world.status.model_copy(update={"workers": {**world.status.workers, pod: entry}})
+    return accepted
 
 
-def _pull(world: World, pod: str, version: str, wave: int) -> None:
-    agent, memory = world.agents[pod], world.memory
-    memory.last_pull[pod] = world.clock
+def _pull(world: World, pod: str) -> CallResult:
+    """The agent's /v1/status answer (none from a pod that is gone)."""
     if pod not in world.present:
-        return
+        return CallResult(0, {}, "cannot connect", connected=False)
+    agent = world.agents[pod]
     error = LastError(version=agent.failed, reason="ChecksumMismatch", message="x") if agent.failed else None
     status = AgentStatus(version=agent.live, state=AgentState.IDLE, last_error=error)
-    outcome, reason, message = pulled_outcome(status, target=version)
-    if outcome is Outcome.LOST:
-        memory.lost.add(pod)
-    elif outcome in (Outcome.UPDATED, Outcome.FAILED):
-        phase = WorkerPhase.UPDATED if outcome is Outcome.UPDATED else WorkerPhase.FAILED
-        memory.heard[pod] = WorkerStatus(
-            version=version, phase=phase, reason=reason, message=message, wave=wave
-        )
+    return CallResult(200, status.to_wire(), agent_status=status)
 
 
 @st.composite
