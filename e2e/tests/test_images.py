@@ -246,17 +246,18 @@ def _healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> bool:
         return False
 
 
+def _loopback_agent_flags(port: int) -> list[str]:
+    """An agent on a loopback port of the host network, no separate metrics port (the default
+    one would collide between containers)."""
+    return ["--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0"]
+
+
 @contextmanager
 def _agent_container(built: Built, args: list[str], token_file: Path, log: Path) -> Iterator[str]:
     """The worker image's agent on a loopback port of the host network; yields its base URL."""
     (port,) = free_ports(1)
     flags = [
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--metrics-port",
-        "0",
+        *_loopback_agent_flags(port),
         "--auth-token-file",
         str(token_file),
         *args,
@@ -316,12 +317,7 @@ def test_a_killed_container_is_gone_after_cleanup(built_images: dict[str, Built]
     built = built_images["worker-slim"]
     (port,) = free_ports(1)
     args = [
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--metrics-port",
-        "0",
+        *_loopback_agent_flags(port),
         "--engine",
         "null",
         "--no-auth",
