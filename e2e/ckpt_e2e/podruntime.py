@@ -256,10 +256,13 @@ class PodRuntime:
             self._logs[info.name] = log_path
 
     def _stop_pod(self, uid: str) -> None:
+        # Forgotten only once stopped, so running() never omits a process that is still alive.
         with self._lock:
-            pp = self._procs.pop(uid, None)
+            pp = self._procs.get(uid)
         if pp is not None:
             pp.stop(self._grace)
+            with self._lock:
+                self._procs.pop(uid, None)
 
     def _reap(self) -> None:
         """Note processes that died on their own; they are not restarted (tests look at it)."""
@@ -271,10 +274,9 @@ class PodRuntime:
 
     def _stop_all(self) -> None:
         with self._lock:
-            procs = list(self._procs.values())
-            self._procs.clear()
-        for pp in procs:
-            pp.stop(self._grace)
+            uids = list(self._procs)
+        for uid in uids:
+            self._stop_pod(uid)
 
     def _thread_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
