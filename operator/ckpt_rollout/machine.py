@@ -12,6 +12,7 @@ with the retry annotation), RollingBack, Done (terminal; Succeeded corrects drif
 Deadline, NoWorkers, Advance (pause/promote, waves, drift waves, finish).
 """
 
+import re
 from collections.abc import Callable
 from enum import Enum, auto
 
@@ -261,6 +262,9 @@ def _observe_end(d: Draft, phase: Phase) -> None:
 # -- pause and promote -------------------------------------------------------------------------
 
 
+_PROMOTED_WAVE = re.compile(r"-?[0-9]+")
+
+
 def pause_reason(d: Draft, spec_done: int) -> str | None:
     if d.spec.paused:
         return "spec.paused is true"
@@ -268,7 +272,8 @@ def pause_reason(d: Draft, spec_done: int) -> str | None:
     if last < 0 or last not in d.spec.strategy.pause_after_wave:
         return None
     promoted = d.rollout.meta.annotations.get(PROMOTE_ANNOTATION, "")
-    if promoted.lstrip("-").isdigit() and int(promoted) >= last:
+    # ASCII digits only: str.isdigit() also accepts "²", which int() refuses.
+    if _PROMOTED_WAVE.fullmatch(promoted) and int(promoted) >= last:
         return None
     duration = d.spec.strategy.pause_duration_seconds
     paused_at = parse_time(d.status.paused_at)
@@ -333,7 +338,7 @@ def _advance(d: Draft) -> bool:
         _add_wave(d, WaveKind.DRIFT, late, f"{len(late)} pods joined during the rollout")
         return True
     _finish(d)
-    return False
+    return False  # pragma: no mutate (True: Done follows, finds no pod left out, and stops)
 
 
 def _start_wave(d: Draft, spec_index: int) -> bool:
@@ -394,7 +399,7 @@ def _run_wave(d: Draft, index: int) -> bool:
         members=list(wave.pods),
         called=list(wave.called),
         wave=index,
-        kind="wave",
+        kind="wave",  # pragma: no mutate (Target.kind is read nowhere)
         may_call=not d.spec.paused,
     )
     called, outcomes = drive(d, target)
@@ -520,7 +525,7 @@ def _rolling_back(d: Draft) -> bool:
         members=list(rollback.pods),
         called=list(rollback.called),
         wave=len(d.status.waves),
-        kind="rollback",
+        kind="rollback",  # pragma: no mutate (Target.kind is read nowhere)
     )
     called, outcomes = drive(d, target)
     if called != rollback.called:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ckpt_api.vocabulary import Phase
+from ckpt_api.vocabulary import ConditionType, Phase
 from ckpt_rollout.conditions import Verdict, evaluate_conditions, set_condition
 
 
@@ -114,3 +114,48 @@ def test_set_condition_keeps_foreign_conditions() -> None:
     )
     assert foreign in out
     assert {c["type"] for c in out} == {"Custom", "Ready"}
+
+
+@pytest.mark.parametrize(
+    ("phase", "progressing"),
+    [
+        (Phase.PROGRESSING, "Why"),
+        (Phase.PAUSED, "RolloutPaused"),
+        (Phase.SUCCEEDED, "RolloutCompleted"),
+        (Phase.ROLLING_BACK, "RollingBack"),
+        (Phase.FAILED, "Why"),
+    ],
+)
+def test_progressing_says_why_it_holds_in_paused_succeeded_and_rolling_back(
+    phase: Phase, progressing: str
+) -> None:
+    conds = evaluate_conditions(Verdict(phase, "Why", "msg"), [], now="t0", generation=1)
+    reasons = {c["type"]: c["reason"] for c in conds}
+    assert reasons.pop("Progressing") == progressing
+    assert set(reasons.values()) == {"Why"}
+
+
+def test_a_condition_without_a_transition_time_gets_one() -> None:
+    written = {"type": "Ready", "status": "False", "reason": "X", "message": ""}
+    out = set_condition(
+        [written], type_="Ready", status=False, reason="Y", message="m", now="n", generation=1
+    )
+    assert out == [
+        {
+            "type": "Ready",
+            "status": "False",
+            "reason": "Y",
+            "message": "m",
+            "lastTransitionTime": "n",
+            "observedGeneration": 1,
+        }
+    ]
+
+
+def test_conditions_are_listed_in_vocabulary_order_and_foreign_ones_last() -> None:
+    foreign = {"type": "Custom", "status": "True", "reason": "X", "message": "", "lastTransitionTime": "t"}
+    ready = {"type": "Ready", "status": "False", "reason": "X", "message": "", "lastTransitionTime": "t"}
+    conds = evaluate_conditions(
+        Verdict(Phase.PROGRESSING, "A", "a"), [foreign, ready], now="t0", generation=1
+    )
+    assert [c["type"] for c in conds] == [*ConditionType, "Custom"]

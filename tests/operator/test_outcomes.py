@@ -6,7 +6,7 @@ import pytest
 
 from ckpt_api.agent_api import AgentStatus
 from ckpt_api.status import WorkerStatus
-from ckpt_rollout.mergepatch import apply_merge_patch
+from ckpt_rollout.mergepatch import apply_merge_patch, merge_diff
 from ckpt_rollout.outcomes import Outcome, pulled_outcome, reported_outcome
 
 
@@ -33,32 +33,33 @@ def test_reported_outcome(
 @pytest.mark.parametrize(
     ("status", "expected"),
     [
-        ({"state": "loading", "version": "v1", "target": "v2"}, Outcome.WAITING),
-        ({"state": "idle", "version": "v2"}, Outcome.UPDATED),
+        ({"state": "loading", "version": "v1", "target": "v2"}, (Outcome.WAITING, "", "")),
+        (
+            {"state": "idle", "version": "v2"},
+            (Outcome.UPDATED, "Loaded", "confirmed by the agent's /v1/status"),
+        ),
         (
             {
                 "state": "failed",
                 "version": "v1",
                 "last_error": {"version": "v2", "reason": "ChecksumMismatch", "message": "t0"},
             },
-            Outcome.FAILED,
+            (Outcome.FAILED, "ChecksumMismatch", "t0"),
         ),
-        ({"state": "idle", "version": "v1", "last_error": None}, Outcome.LOST),
+        ({"state": "idle", "version": "v1", "last_error": None}, (Outcome.LOST, "", "")),
         (
             {
                 "state": "failed",
                 "version": "v1",
                 "last_error": {"version": "v0", "reason": "X", "message": "m"},
             },
-            Outcome.LOST,
+            (Outcome.LOST, "", ""),
         ),
     ],
 )
-def test_pulled_outcome(status: dict[str, Any], expected: Outcome) -> None:
-    outcome, reason, _ = pulled_outcome(AgentStatus.model_validate(status), target="v2")
-    assert outcome is expected
-    if expected is Outcome.FAILED:
-        assert reason == "ChecksumMismatch"
+def test_pulled_outcome(status: dict[str, Any], expected: tuple[Outcome, str, str]) -> None:
+    """(outcome, reason, message): what a pull writes to status.workers when it decides."""
+    assert pulled_outcome(AgentStatus.model_validate(status), target="v2") == expected
 
 
 @pytest.mark.parametrize(
@@ -72,3 +73,21 @@ def test_pulled_outcome(status: dict[str, Any], expected: Outcome) -> None:
 )
 def test_merge_patch(target: dict[str, Any], patch: dict[str, Any], expected: dict[str, Any]) -> None:
     assert apply_merge_patch(target, patch) == expected
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ({"a": 1, "b": {"c": 2}}, {"a": 1, "b": {"c": 2}}, {}),
+        ({"a": 1, "b": {"c": 2, "d": 3}}, {"b": {"c": 2, "d": 4}}, {"a": None, "b": {"d": 4}}),
+        ({"b": {"c": 2}}, {"b": 5}, {"b": 5}),
+        ({"b": 5}, {"b": {"c": 2}}, {"b": {"c": 2}}),
+        ({"waves": [1, 2]}, {"waves": [1]}, {"waves": [1]}),
+        (None, {"a": 1}, {"a": 1}),
+        ({"a": 1}, None, None),
+    ],
+)
+def test_merge_diff_sends_only_what_changed(old: Any, new: Any, expected: Any) -> None:
+    assert merge_diff(old, new) == expected
+    if isinstance(old, dict) and isinstance(new, dict):
+        assert apply_merge_patch(old, expected) == new

@@ -35,7 +35,7 @@ def test_cumulative_targets(waves: list[int | str], replicas: int, expected: lis
 
 @pytest.mark.parametrize(
     ("wave", "replicas", "expected"),
-    [(3, 10, 3), (30, 10, 10), ("1%", 10, 1), ("50%", 3, 2), ("100%", 0, 0)],
+    [(3, 10, 3), (30, 10, 10), ("1%", 10, 1), ("50%", 3, 2), ("10%", 101, 11), ("100%", 0, 0)],
 )
 def test_wave_target(wave: int | str, replicas: int, expected: int) -> None:
     assert wave_target(wave, replicas) == expected

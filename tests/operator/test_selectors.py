@@ -20,6 +20,9 @@ from ckpt_rollout.selectors import selector_matches, selectors_overlap
         ),
         ({"matchExpressions": [{"key": "tier", "operator": "In", "values": ["a"]}]}, {}, False),
         ({"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["a"]}]}, {}, True),
+        ({"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["a"]}]}, {"tier": "a"}, False),
+        ({"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["a"]}]}, {"tier": "b"}, True),
+        ({"matchExpressions": [{"key": "tier", "operator": "Exists"}]}, {"app": "w"}, False),
         ({"matchExpressions": [{"key": "tier", "operator": "Exists"}]}, {"tier": ""}, True),
         ({"matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]}, {"tier": "x"}, False),
         (

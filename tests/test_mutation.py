@@ -1,0 +1,19 @@
+"""Mutation score of the pure core (planning, conditions, outcomes, selectors, merge patch, the
+reconcile machine): every mutant mutmut makes of them must fail some unit test, to the floor in
+ckpt_e2e.mutation. A failure lists each surviving mutant's diff: a test to write, or an
+equivalent mutant to mark `# pragma: no mutate` with the reason."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_pure_core_mutation_score() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckpt_e2e.mutation"], capture_output=True, text=True, timeout=1800
+    )
+    summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-2000:]
+    print(proc.stdout)
+    assert proc.returncode == 0, f"{summary}\n\n{proc.stdout[-20000:]}{proc.stderr[-2000:]}"
+    assert summary.startswith("mutation: killed="), summary
