@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 CRD_FILE := crds/checkpointrollouts.rollout.ckpt.dev.yaml
+MANIFEST_SCHEMA := operator/ckpt_api/manifest.schema.json
 PYPATHS := operator:worker_image:e2e
 
 .PHONY: install system-deps test unit lint crds verify demo clean
@@ -46,11 +47,12 @@ lint: install
 	PYTHONPATH=$(PYPATHS) $(BIN)/mypy
 	PYTHONPATH=$(PYPATHS) $(BIN)/lint-imports
 
-# The CRD (crds/) and the chart's generated files (values.yaml, values.schema.json, the CRD
-# template), all from the pydantic models.
+# The CRD (crds/), the chart's generated files (values.yaml, values.schema.json, the CRD
+# template) and the checkpoint manifest's JSON schema, all from the pydantic models.
 crds: install
 	$(BIN)/ckpt-rollout crd > $(CRD_FILE)
 	$(BIN)/python -m ckpt_rollout.chart_values charts/ckpt-rollout
+	$(BIN)/python -m ckpt_api.manifest > $(MANIFEST_SCHEMA)
 
 # crds, plus the static manifest of the `kubectl apply` install path (needs helm: provisioned
 # like the control-plane binaries).
@@ -62,7 +64,7 @@ generate: crds
 
 # Regenerates every generated file and fails if the committed copies differ.
 verify: generate
-	git diff --exit-code -- crds/ charts/ examples/kubectl/
+	git diff --exit-code -- crds/ charts/ examples/kubectl/ $(MANIFEST_SCHEMA)
 
 # README's main job: the whole product on a local control plane, ending in `demo: OK ...`.
 demo: install system-deps provision

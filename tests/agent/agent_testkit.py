@@ -7,13 +7,14 @@ import json
 import shutil
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
+import xxhash
 
-from ckpt_agent.manifest import MANIFEST_NAME
+from ckpt_agent.manifest import MANIFEST_NAME, ExtraFile, encode_manifest, manifest_digest, parse_manifest
 from ckpt_agent.publish import publish
 from ckpt_agent.synth import ReferenceModelSpec, expected_infer_output, write_reference_checkpoint
 from ckpt_api.agent_api import PREFER_HEADER, RESPOND_ASYNC
@@ -75,6 +76,24 @@ class Tree:
         doc["version"] = version
         (dst / MANIFEST_NAME).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
         return dst
+
+
+def set_extra_files(version_dir: Path, files: dict[str, bytes | None]) -> str:
+    """Write (bytes) or delete (None) non-weight files of a published version and list them in
+    its manifest as a publisher does, e.g. to craft a version publish would refuse; returns the
+    new manifest digest."""
+    manifest = parse_manifest((version_dir / MANIFEST_NAME).read_bytes())
+    extra = dict(manifest.extra_files)
+    for name, content in files.items():
+        if content is None:
+            (version_dir / name).unlink(missing_ok=True)
+            extra.pop(name, None)
+        else:
+            (version_dir / name).write_bytes(content)
+            extra[name] = ExtraFile(name, len(content), xxhash.xxh3_128(content).hexdigest())
+    raw = encode_manifest(replace(manifest, extra_files=extra, format_version=2))
+    (version_dir / MANIFEST_NAME).write_bytes(raw)
+    return manifest_digest(raw)
 
 
 def corrupt_tensor(version_dir: Path, tensor: str) -> None:

@@ -1,16 +1,29 @@
 """What the SGLang and vLLM stand-ins share: model weights that really load from a directory's
 *.safetensors, tensor by tensor, remembering where each tensor came from, so a test can tell a
-consistent model from a mixed one; faults injected per load attempt; and a server that dies."""
+consistent model from a mixed one; faults injected per load attempt; and a server that dies.
+
+Files are picked as both engines' loaders pick them (vLLM's and SGLang's
+`filter_duplicate_safetensors_files`: every *.safetensors, or, when the directory has a
+`model.safetensors.index.json`, only the shards its weight map names) and read with the
+safetensors library's own parser, raw bytes for every dtype (numpy has no bf16/fp8). A stand-in
+started with `model_dir=True` also refuses a directory it could not boot from, which is what a
+staged version must be: config.json parsing to an object (the model config both engines read at
+start-up through transformers), and for sharded weights an index that names every shard and
+maps every tensor to the shard holding it (transformers loads sharded weights only through it).
+"""
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 from aiohttp import web
-from safetensors.numpy import load_file
+from safetensors import deserialize, safe_open
+
+from ckpt_agent.dtypes import PACKED, numpy_dtype
 
 UNINITIALISED = "<uninitialised>"  # a tensor an interrupted reload left without values
 
@@ -19,21 +32,65 @@ class InjectedFault(RuntimeError):
     pass
 
 
-def weight_files(path: str, unmounted: tuple[str, ...] = ()) -> list[Path]:
+INDEX_NAME = "model.safetensors.index.json"
+
+
+def weight_files(path: str, unmounted: tuple[str, ...] = (), *, model_dir: bool = False) -> list[Path]:
     """The directory's safetensors files, as a loader resolves them (errors like a loader's).
-    Paths under `unmounted` do not exist in the engine's container."""
+    Paths under `unmounted` do not exist in the engine's container. `model_dir`: also refuse a
+    directory that is not a bootable model directory (see the module docstring)."""
     root = Path(path)
     if path.startswith(unmounted) or not root.is_dir():
         raise FileNotFoundError(f"{path} is not a directory")
-    files = sorted(root.glob("*.safetensors"))
+    every = sorted(root.glob("*.safetensors"))
+    files = every
+    index = root / INDEX_NAME
+    if index.is_file():
+        weight_map = json.loads(index.read_bytes())["weight_map"]
+        named = {root / shard for shard in weight_map.values()}
+        files = [f for f in every if f in named]
     if not files:
         raise FileNotFoundError(f"Cannot find any model weights with {path}")
+    if model_dir:
+        check_model_directory(root, every)
     return files
+
+
+def check_model_directory(root: Path, shards: list[Path]) -> None:
+    config = root / "config.json"
+    if not config.is_file():
+        raise OSError(f"{root} does not appear to have a file named config.json")
+    if not isinstance(json.loads(config.read_bytes()), dict):
+        raise ValueError(f"{config} is not a JSON object")
+    index = root / INDEX_NAME
+    if len(shards) > 1 and not index.is_file():
+        raise OSError(f"{root} holds {len(shards)} safetensors shards and no {INDEX_NAME}")
+    if not index.is_file():
+        return
+    weight_map: dict[str, str] = json.loads(index.read_bytes())["weight_map"]
+    held: dict[str, str] = {}
+    for shard in shards:
+        with safe_open(str(shard), "numpy") as f:
+            held.update(dict.fromkeys(f.keys(), shard.name))
+    wrong = sorted(name for name, shard in weight_map.items() if held.get(name) != shard)
+    unindexed = sorted(set(held) - set(weight_map))
+    if wrong or unindexed:
+        raise ValueError(
+            f"{INDEX_NAME} does not match the shards: mapped elsewhere or missing {wrong[:4]}, "
+            f"not in the index {unindexed[:4]}"
+        )
+
+
+def _array(dtype: str, shape: list[int], data: bytes | bytearray) -> np.ndarray:
+    """The tensor's bytes in a numpy array of the same width (raw bits for bf16/fp8)."""
+    array = np.frombuffer(bytes(data), dtype=numpy_dtype(dtype))
+    return array if dtype in PACKED else array.reshape(shape)
 
 
 def iter_tensors(files: list[Path]) -> Iterator[tuple[str, np.ndarray]]:
     for f in files:
-        yield from sorted(load_file(str(f)).items())
+        for name, info in sorted(deserialize(f.read_bytes()), key=lambda item: item[0]):
+            yield name, _array(info["dtype"], info["shape"], info["data"])
 
 
 class ModelWeights:

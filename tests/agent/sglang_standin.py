@@ -76,8 +76,10 @@ class SGLangStandIn:
         load_format: str = "auto",
         api_key: str | None = None,
         admin_api_key: str | None = None,
+        model_dir: bool = False,
     ) -> None:
         self._boot = (boot_path, boot_dir, weight_version, load_format)
+        self.model_dir = model_dir  # refuse directories it could not boot from (engine_standin)
         self.api_key = api_key
         self.admin_api_key = admin_api_key
         self.calls: list[tuple[str, Any]] = []
@@ -188,7 +190,7 @@ class SGLangStandIn:
         if load_format == "dummy":
             return self._refused("Failed to get model loader: <DummyModelLoader>.")
         try:
-            files = weight_files(path, self.unmounted)
+            files = weight_files(path, self.unmounted, model_dir=self.model_dir)
         except Exception as exc:
             return self._refused(f"Failed to get weights iterator: {exc}.")
         try:

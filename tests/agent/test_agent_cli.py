@@ -125,12 +125,15 @@ async def test_agent_and_source_as_real_processes(tree: Tree, tmp_path: Path) ->
 
 def test_bench_dataplane_reports_every_figure(tmp_path: Path) -> None:
     results = run_dataplane(size_mb=4, tensor_mb=1, chunk_mb=1, repeat=1, workdir=str(tmp_path))
-    for key in ("memcpy_gbps", "tcp_gbps", "file_gbps", "file_verify_gbps", "http_gbps", "http_verify_gbps"):
+    for key in (
+        "memcpy_gbps", "xxh3_gbps", "tcp_gbps", "file_gbps", "file_verify_gbps", "http_gbps",
+        "http_verify_gbps", "publish_gbps",
+    ):  # fmt: skip
         assert results[key] > 0, key
     for key in ("mooncake_gbps", "mooncake_verify_gbps"):  # the engine is installed here (agent extra)
         assert results[key] > 0, key
     assert results["peak_extra_rss_mb"] >= 0
     assert set(results["targets_met"]) == {
         "http_ge_half_tcp", "mooncake_verify_ge_half_tcp", "file_ge_half_memcpy", "verify_cost_le_10pct",
-        "rss_within_budget",
+        "rss_within_budget", "publish_ge_0_8_xxh3",
     }  # fmt: skip

@@ -71,7 +71,9 @@ class VLLMStandIn:
         revision: str | None = None,
         api_key: str | None = None,
         workers: int = 2,
+        model_dir: bool = False,
     ) -> None:
+        self.model_dir = model_dir  # refuse directories it could not boot from (engine_standin)
         self.version = version
         self.boot_path = boot_path
         self.load_format = load_format
@@ -173,7 +175,7 @@ class VLLMStandIn:
             weights.tensors[name], weights.origin[name] = None, UNINITIALISED
 
         def tensors() -> Any:  # lazy, like vLLM's weights iterator: a bad path fails here
-            yield from iter_tensors(weight_files(path, self.unmounted))
+            yield from iter_tensors(weight_files(path, self.unmounted, model_dir=self.model_dir))
 
         weights.load(path, tensors())
         for name, origin in weights.origin.items():

@@ -44,6 +44,7 @@ def create_engine(config: AgentConfig) -> Engine:
 
     return PaddleEngine(
         config.model,
+        boot_weights=config.paddle_weights,
         apply_mode=config.apply_mode,
         chunk_bytes=config.chunk_bytes,
         max_manifest_bytes=config.max_manifest_bytes,

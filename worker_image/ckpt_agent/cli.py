@@ -24,14 +24,31 @@ def _setup_logging(level: str) -> None:
 
 # -- publish ---------------------------------------------------------------------------------------
 def _publish(args: argparse.Namespace) -> int:
-    from ckpt_agent.publish import PublishError, publish
+    import json
 
+    from ckpt_agent.publish import PublishError, publish_version
+    from ckpt_agent.publish.progress import Bar, Lines, Reporter
+
+    # A terminal gets a live bar; logs and CI get one line per file, both on stderr so stdout
+    # stays the digest (or the --json summary) that scripts read.
+    reporter: Reporter = Bar(f"publish {args.version}") if sys.stderr.isatty() else Lines()
     try:
-        digest = publish(Path(args.src), args.version, Path(args.out), shard_bytes=args.shard_mb << 20)
+        result = publish_version(
+            Path(args.src),
+            args.version,
+            Path(args.out),
+            shard_bytes=args.shard_mb << 20,
+            link=args.link,
+            threads=args.threads,
+            reporter=reporter,
+        )
     except PublishError as exc:
-        print(f"ckpt-rollout publish: {exc}", file=sys.stderr)
+        print(f"ckpt-rollout publish: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
-    print(digest)
+    except KeyboardInterrupt:
+        print("ckpt-rollout publish: interrupted; nothing was published", file=sys.stderr)
+        return 130
+    print(json.dumps(result.to_json(), indent=1) if args.json else result.digest)
     return 0
 
 
@@ -93,6 +110,7 @@ def config_from_args(args: argparse.Namespace, env: dict[str, str] | None = None
         model=ReferenceModelSpec(
             hidden=args.model_hidden, layers=args.model_layers, outputs=args.model_outputs
         ),
+        paddle_weights=Path(args.paddle_weights) if args.paddle_weights else None,
         relay=args.relay,
         relay_mooncake=args.relay_mooncake,
         mooncake_device=args.mooncake_device,
@@ -166,12 +184,14 @@ def _agent(args: argparse.Namespace) -> int:
     if missing := _missing_engine_package(config.engine):
         print(f"ckpt-rollout agent: {missing}", file=sys.stderr)
         return 2
+    from ckpt_agent.engines.boot_checkpoint import BootCheckpointError
     from ckpt_agent.engines.disk_staged import EngineMisconfigured
 
     try:
         asyncio.run(_agent_main(config))
-    except (ConfigError, EngineMisconfigured) as exc:
-        # A key file that cannot be read, or an engine that cannot do what the agent needs.
+    except (ConfigError, EngineMisconfigured, BootCheckpointError) as exc:
+        # A key file that cannot be read, an engine that cannot do what the agent needs, or
+        # boot weights the engine cannot hold.
         print(f"ckpt-rollout agent: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -215,6 +235,13 @@ def _add_agent_parser(sub: SubParsers) -> None:
     p.add_argument("--model-hidden", type=int, default=64, help="reference model width")
     p.add_argument("--model-layers", type=int, default=2, help="reference model depth")
     p.add_argument("--model-outputs", type=int, default=8)
+    p.add_argument(
+        "--paddle-weights",
+        metavar="PATH",
+        help="boot the paddle engine with a model shaped like this checkpoint (a published version "
+        "directory, a Hugging Face model directory or one .safetensors file) instead of the reference "
+        "MLP; later versions must match its tensor names, dtypes and shapes; no /v1/infer",
+    )
     p.add_argument(
         "--relay",
         action=argparse.BooleanOptionalAction,
@@ -277,11 +304,26 @@ def _add_agent_parser(sub: SubParsers) -> None:
 
 def add_commands(sub: SubParsers) -> None:
     """Register `publish`, `serve` and `agent` on the `ckpt-rollout` subparsers."""
-    p = sub.add_parser("publish", help="publish a checkpoint version (safetensors shards + manifest)")
-    p.add_argument("src", metavar="SRC", help="directory of *.safetensors files, or a paddle state dict file")
+    p = sub.add_parser(
+        "publish", help="publish a checkpoint version (shards, every other file of it, a manifest)"
+    )
+    p.add_argument(
+        "src",
+        metavar="SRC",
+        help="a Hugging Face model directory (*.safetensors, index, config, tokenizer...), "
+        "one .safetensors file, or a paddle state dict file",
+    )
     p.add_argument("--version", required=True, help="version name, e.g. global_step_1200")
     p.add_argument("--out", required=True, metavar="ROOT", help="root of the published tree")
     p.add_argument("--shard-mb", type=int, default=4096, help="shard size when writing a state dict")
+    p.add_argument(
+        "--link",
+        action="store_true",
+        help="hard-link source files into the version (else reflink, else copy): publishing on "
+        "the same filesystem costs hashing only; the source must never be modified afterwards",
+    )
+    p.add_argument("--threads", type=int, default=None, help="hashing threads (default: one per core)")
+    p.add_argument("--json", action="store_true", help="print a JSON summary instead of the digest")
     p.set_defaults(func=_publish)
 
     p = sub.add_parser("serve", help="serve published versions over http (range requests, sendfile)")

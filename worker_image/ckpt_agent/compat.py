@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from ckpt_agent.errors import LoadError, Reason
@@ -18,16 +18,28 @@ class ParamSpec:
 
 
 def _listing(names: list[str]) -> str:
-    shown = ", ".join(repr(n) for n in names[:_MAX_LISTED])
-    more = len(names) - _MAX_LISTED
+    return _listing_text([repr(n) for n in names])
+
+
+def _listing_text(items: list[str]) -> str:
+    shown = ", ".join(items[:_MAX_LISTED])
+    more = len(items) - _MAX_LISTED
     return shown + (f" and {more} more" if more > 0 else "")
 
 
-def compatibility_problems(manifest: Manifest, params: Mapping[str, ParamSpec]) -> list[str]:
+def compatibility_problems(
+    manifest: Manifest, params: Mapping[str, ParamSpec], *, holds: Collection[str] | None = None
+) -> list[str]:
     """Human-readable problems; empty when every tensor maps to a parameter of the same shape
-    and dtype and every parameter is covered."""
+    and dtype and every parameter is covered. `holds`: the dtypes the engine can hold at all
+    (None: any); a tensor of another dtype is named first, with its dtype, whatever else is
+    wrong, because no model of that engine could ever take it."""
     tensors = {t.name: t for t in manifest.tensors}
     problems = []
+    if holds is not None:
+        unheld = [f"{t.name!r} is {t.dtype}" for t in manifest.tensors if t.dtype not in holds]
+        if unheld:
+            problems.append(f"dtypes the engine cannot hold: {_listing_text(unheld)}")
     missing = sorted(set(params) - set(tensors))
     extra = sorted(set(tensors) - set(params))
     if missing:
@@ -52,8 +64,10 @@ def compatibility_problems(manifest: Manifest, params: Mapping[str, ParamSpec]) 
     return problems
 
 
-def check_compatible(manifest: Manifest, params: Mapping[str, ParamSpec]) -> None:
-    problems = compatibility_problems(manifest, params)
+def check_compatible(
+    manifest: Manifest, params: Mapping[str, ParamSpec], *, holds: Collection[str] | None = None
+) -> None:
+    problems = compatibility_problems(manifest, params, holds=holds)
     if problems:
         raise LoadError(
             Reason.INCOMPATIBLE_CHECKPOINT,

@@ -62,6 +62,9 @@ class AgentConfig:
     parallelism: int = 1
     max_manifest_bytes: int = DEFAULT_MAX_MANIFEST_BYTES
     model: ReferenceModelSpec = field(default_factory=ReferenceModelSpec)
+    # The paddle engine boots a model shaped like this checkpoint (a published version, an HF
+    # model directory or one .safetensors file) instead of the reference MLP.
+    paddle_weights: Path | None = None
     fastdeploy_url: str = "http://127.0.0.1:8000"
     # Engines that load from a directory (sglang, vllm): their URL and where versions are staged.
     engine_url: str | None = None
@@ -110,6 +113,10 @@ class AgentConfig:
             raise ConfigError(f"--initial-version needs --source for the {self.engine} engine")
         if self.engine == "fastdeploy":
             self.fastdeploy_bearer()
+        if self.paddle_weights is not None and self.engine != "paddle":
+            raise ConfigError("--paddle-weights is for the paddle engine")
+        if self.paddle_weights is not None and not self.paddle_weights.exists():
+            raise ConfigError(f"--paddle-weights: {self.paddle_weights} does not exist")
 
     def fastdeploy_bearer(self) -> str | None:
         """The FastDeploy API key to send, if one is configured (raises ConfigError if its file

@@ -1,34 +1,39 @@
-"""Tensor dtypes by their safetensors names, the names manifests use."""
+"""Tensor dtypes by their safetensors names, the names manifests use, and how numpy holds them.
+
+Every dtype safetensors 0.8 defines, by its size in bits. F4 (e2m1) and the two F6 formats pack
+several values per byte, so a tensor's byte length is `numel * bits / 8`, and safetensors (like
+us) refuses a shape whose bits do not fill whole bytes.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-ITEM_SIZES: dict[str, int] = {
-    "BOOL": 1,
-    "U8": 1,
-    "I8": 1,
-    "F8_E4M3": 1,
-    "F8_E5M2": 1,
-    "I16": 2,
-    "U16": 2,
-    "F16": 2,
-    "BF16": 2,
-    "I32": 4,
-    "U32": 4,
-    "F32": 4,
-    "I64": 8,
-    "U64": 8,
-    "F64": 8,
-}
+from ckpt_api.manifest import DTYPE_BITS, tensor_nbytes
 
-# numpy has no bfloat16 or float8: those travel as same-width unsigned ints holding the raw bits.
+# The format's table (ckpt_api.manifest), so manifests, headers and buffers agree on sizes.
+BITS: dict[str, int] = DTYPE_BITS
+
+# Bytes per element of the dtypes whose elements are whole bytes (every one but F4/F6), for
+# callers that size or view elements; `nbytes_of` is the lookup that works for every dtype.
+ITEM_SIZES: dict[str, int] = {name: bits // 8 for name, bits in BITS.items() if bits % 8 == 0}
+
+PACKED: frozenset[str] = frozenset(name for name, bits in BITS.items() if bits % 8)
+
+# numpy has no bfloat16, float8 or float4/6: those travel as unsigned ints of the same width
+# holding the raw bits, and the packed ones as plain bytes.
 _NUMPY: dict[str, str] = {
     "BOOL": "bool",
     "U8": "u1",
     "I8": "i1",
     "F8_E4M3": "u1",
     "F8_E5M2": "u1",
+    "F8_E8M0": "u1",
+    "F8_E4M3FNUZ": "u1",
+    "F8_E5M2FNUZ": "u1",
+    "F4": "u1",
+    "F6_E2M3": "u1",
+    "F6_E3M2": "u1",
     "I16": "<i2",
     "U16": "<u2",
     "F16": "<f2",
@@ -36,11 +41,14 @@ _NUMPY: dict[str, str] = {
     "I32": "<i4",
     "U32": "<u4",
     "F32": "<f4",
+    "C64": "<c8",
     "I64": "<i8",
     "U64": "<u8",
     "F64": "<f8",
 }
 
+# Keyed by numpy's dtype name, so arrays of ml_dtypes' extension types (bfloat16, float8_*) map
+# too, without importing ml_dtypes.
 _FROM_NUMPY: dict[str, str] = {
     "bool": "BOOL",
     "uint8": "U8",
@@ -51,14 +59,26 @@ _FROM_NUMPY: dict[str, str] = {
     "int32": "I32",
     "uint32": "U32",
     "float32": "F32",
+    "complex64": "C64",
     "int64": "I64",
     "uint64": "U64",
     "float64": "F64",
+    "bfloat16": "BF16",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "float8_e8m0fnu": "F8_E8M0",
+    "float8_e4m3fnuz": "F8_E4M3FNUZ",
+    "float8_e5m2fnuz": "F8_E5M2FNUZ",
 }
 
 
+def is_known(dtype: str) -> bool:
+    return dtype in BITS
+
+
 def numpy_dtype(dtype: str) -> np.dtype[np.generic]:
-    """The numpy dtype that holds `dtype`'s bytes (raw bits for bf16/fp8)."""
+    """The numpy dtype that holds `dtype`'s bytes: raw bits for bf16/fp8, and bytes (uint8) for
+    the packed F4/F6, whose arrays therefore have `nbytes_of` elements, not the tensor's shape."""
     return np.dtype(_NUMPY[dtype])
 
 
@@ -70,7 +90,6 @@ def from_numpy(dtype: np.dtype[np.generic]) -> str:
 
 
 def nbytes_of(dtype: str, shape: tuple[int, ...]) -> int:
-    count = 1
-    for dim in shape:
-        count *= dim
-    return count * ITEM_SIZES[dtype]
+    """Bytes of a `dtype` tensor of `shape`; KeyError for an unknown dtype, ValueError when the
+    elements of a packed dtype do not fill whole bytes."""
+    return tensor_nbytes(dtype, shape)

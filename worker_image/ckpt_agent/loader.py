@@ -6,6 +6,9 @@ streamed: pause, then verify and apply tensor by tensor through one reusable buf
           one chunk + the largest tensor). A failure restores the previous version from its
           source before resuming; if that fails too the engine refuses traffic (weights lost).
 
+Before any tensor byte moves, the version's non-weight files (config, tokenizer, index) are
+fetched and verified, always: the relay copy keeps them, so a peer serves the whole version.
+
 Every load leaves a relay copy behind (see `ckpt_agent.relay.copy`): the staging arena in
 staged mode (kept until the next load starts), the live parameters in streamed mode. Unverified
 loads relay too: a receiver checks peer bytes against the source's manifest whatever its own
@@ -33,6 +36,7 @@ from ckpt_agent.reader import (
     LoadProgress,
     fetch_manifest,
     plan_runs,
+    read_extra_files,
     read_runs,
 )
 from ckpt_agent.relay.copy import ReadTensor, RelayCopy
@@ -55,6 +59,13 @@ class WeightsTarget(Protocol):
         """Exclusive access for writing parameters. The model counts as inconsistent (refuses
         inference) from entry until the block exits without an exception."""
         ...
+
+
+@runtime_checkable
+class HoldsSomeDtypes(Protocol):
+    """A target that cannot hold every safetensors dtype (paddle has no F8_E8M0, F4...)."""
+
+    def supported_dtypes(self) -> frozenset[str]: ...
 
 
 @runtime_checkable
@@ -85,13 +96,17 @@ class InProcessLoader:
     async def load(self, job: LoadJob, gate: PauseGate, progress: LoadProgress) -> LoadOutcome:
         transport, manifest, digest, raw = await open_version(job, self._max_manifest)
         try:
-            check_compatible(manifest, self._target.parameter_specs())
+            holds = self._target.supported_dtypes() if isinstance(self._target, HoldsSomeDtypes) else None
+            check_compatible(manifest, self._target.parameter_specs(), holds=holds)
             progress.bytes_total = manifest.total_bytes
+            extra = await asyncio.to_thread(
+                read_extra_files, transport, manifest, cancelled=job.cancel.is_set
+            )
             if self.apply_mode == "staged":
-                relay = await self._staged(transport, manifest, raw, job, gate, progress)
+                relay = await self._staged(transport, manifest, raw, extra, job, gate, progress)
             else:
                 await self._streamed(transport, manifest, job, gate, progress)
-                relay = self._live_copy(raw, manifest, job)
+                relay = self._live_copy(raw, manifest, extra)
         finally:
             transport.close()
         return LoadOutcome(
@@ -103,6 +118,7 @@ class InProcessLoader:
         transport: Transport,
         manifest: Manifest,
         raw: bytes,
+        extra: Mapping[str, bytes],
         job: LoadJob,
         gate: PauseGate,
         progress: LoadProgress,
@@ -129,7 +145,7 @@ class InProcessLoader:
                 except Exception as exc:
                     await self._restore(job, _as_load_error(exc))
             if self._relay:
-                relay = RelayCopy.from_store(raw, manifest, staging)
+                relay = RelayCopy.from_store(raw, manifest, staging, extra)
             return relay
         finally:
             if relay is None:
@@ -140,10 +156,12 @@ class InProcessLoader:
             for entry in manifest.tensors:
                 apply(entry, buffer_for(entry))
 
-    def _live_copy(self, raw: bytes, manifest: Manifest, job: LoadJob) -> RelayCopy | None:
+    def _live_copy(self, raw: bytes, manifest: Manifest, extra: Mapping[str, bytes]) -> RelayCopy | None:
         if not (self._relay and isinstance(self._target, ReadsLiveWeights)):
             return None
-        return RelayCopy(raw, manifest, self._target.live_reader(), source="live-parameters")
+        return RelayCopy(
+            raw, manifest, self._target.live_reader(), source="live-parameters", extra_files=extra
+        )
 
     async def _streamed(
         self, transport: Transport, manifest: Manifest, job: LoadJob, gate: PauseGate, progress: LoadProgress

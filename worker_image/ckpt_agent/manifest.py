@@ -1,18 +1,13 @@
-"""The checkpoint version manifest: what a published version holds, tensor by tensor.
+"""The checkpoint version manifest as the agent uses it: what a published version holds.
 
-Layout of a version directory (and of the served tree, so any static file server is a source):
-
-    <root>/<version>/manifest.json
-    <root>/<version>/<shard>.safetensors
-
-The manifest lists every tensor with its file, byte offset, size and xxh3-128 checksum. Its
-own sha256 (over the exact bytes served) is what `source.manifestDigest` pins.
+The format, its compatibility rules (format versions, unknown fields) and its validation are
+`ckpt_api.manifest`'s; this module turns a validated document into the plain, hashable records
+the load pipeline passes around, and encodes them back for `publish`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import re
 from collections.abc import Mapping
@@ -20,17 +15,33 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from ckpt_agent.dtypes import ITEM_SIZES, nbytes_of
 from ckpt_agent.errors import LoadError, Reason
+from ckpt_api.manifest import (
+    CHECKSUM_ALGORITHM,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    ManifestError,
+    is_valid_file_name,
+    parse_document,
+)
 
-FORMAT_VERSION = 1
-CHECKSUM_ALGORITHM = "xxh3-128"
-MANIFEST_NAME = "manifest.json"
+__all__ = [
+    "CHECKSUM_ALGORITHM",
+    "DEFAULT_MAX_MANIFEST_BYTES",
+    "FORMAT_VERSION",
+    "MANIFEST_NAME",
+    "ExtraFile",
+    "Manifest",
+    "TensorEntry",
+    "encode_manifest",
+    "is_valid_digest",
+    "is_valid_file_name",
+    "manifest_digest",
+    "parse_manifest",
+]
 # 100k tensors with long names fit in a few tens of MiB; anything bigger is a broken or hostile source.
 DEFAULT_MAX_MANIFEST_BYTES = 64 << 20
 
-_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
-_XXH3_128 = re.compile(r"^[0-9a-f]{32}$")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
@@ -61,12 +72,24 @@ class TensorEntry:
 
 
 @dataclass(frozen=True)
+class ExtraFile:
+    """A non-weight file of the version (config, tokenizer, index...), verified whole."""
+
+    name: str
+    size: int
+    xxh3_128: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"size": self.size, "xxh3_128": self.xxh3_128}
+
+
+@dataclass(frozen=True)
 class Manifest:
     version: str
-    files: Mapping[str, int]  # shard name -> size in bytes
+    files: Mapping[str, int]  # shard name -> size in bytes: the files holding tensors
     tensors: tuple[TensorEntry, ...]
+    extra_files: Mapping[str, ExtraFile] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
-    _by_name: dict[str, TensorEntry] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def total_bytes(self) -> int:
@@ -87,7 +110,7 @@ class Manifest:
         return dict(sorted(groups.items()))
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "format_version": self.format_version,
             "version": self.version,
             "checksum": CHECKSUM_ALGORITHM,
@@ -95,6 +118,9 @@ class Manifest:
             "files": {name: {"size": size} for name, size in sorted(self.files.items())},
             "tensors": [t.to_json() for t in self.tensors],
         }
+        if self.format_version >= 2:
+            doc["extra_files"] = {name: e.to_json() for name, e in sorted(self.extra_files.items())}
+        return doc
 
 
 def encode_manifest(manifest: Manifest) -> bytes:
@@ -110,97 +136,27 @@ def is_valid_digest(value: str) -> bool:
     return bool(_DIGEST.match(value))
 
 
-def is_valid_file_name(name: str) -> bool:
-    return bool(_FILE_NAME.match(name)) and ".." not in name and name != MANIFEST_NAME
-
-
-class _Invalid(ValueError):
-    pass
-
-
-def _require(cond: bool, message: str) -> None:
-    if not cond:
-        raise _Invalid(message)
-
-
-def _int(value: object, what: str, *, minimum: int = 0) -> int:
-    _require(isinstance(value, int) and not isinstance(value, bool), f"{what} must be an integer")
-    assert isinstance(value, int)
-    _require(value >= minimum, f"{what} must be >= {minimum}")
-    return value
-
-
-def _str(value: object, what: str) -> str:
-    _require(isinstance(value, str) and bool(value), f"{what} must be a non-empty string")
-    assert isinstance(value, str)
-    return value
-
-
-def _parse_tensor(obj: object, index: int, files: Mapping[str, int]) -> TensorEntry:
-    where = f"tensors[{index}]"
-    _require(isinstance(obj, dict), f"{where} must be an object")
-    assert isinstance(obj, dict)
-    name = _str(obj.get("name"), f"{where}.name")
-    where = f"tensor {name!r}"
-    _require(len(name) <= 1024, f"{where}: name longer than 1024 characters")
-    dtype = _str(obj.get("dtype"), f"{where}.dtype")
-    _require(dtype in ITEM_SIZES, f"{where}: unknown dtype {dtype!r}")
-    raw_shape = obj.get("shape")
-    _require(isinstance(raw_shape, list) and len(raw_shape) <= 16, f"{where}: shape must be a list")
-    assert isinstance(raw_shape, list)
-    shape = tuple(_int(d, f"{where}: shape dimension") for d in raw_shape)
-    file = _str(obj.get("file"), f"{where}.file")
-    _require(file in files, f"{where}: file {file!r} is not listed in files")
-    offset = _int(obj.get("offset"), f"{where}.offset")
-    nbytes = _int(obj.get("nbytes"), f"{where}.nbytes")
-    _require(nbytes == nbytes_of(dtype, shape), f"{where}: nbytes {nbytes} does not match {dtype}{shape}")
-    _require(offset + nbytes <= files[file], f"{where}: bytes end past the size of {file}")
-    checksum = _str(obj.get("xxh3_128"), f"{where}.xxh3_128")
-    _require(bool(_XXH3_128.match(checksum)), f"{where}: xxh3_128 must be 32 lowercase hex digits")
-    return TensorEntry(name, dtype, shape, file, offset, nbytes, checksum)
-
-
-def _parse(doc: object, expected_version: str | None) -> Manifest:
-    _require(isinstance(doc, dict), "manifest must be a JSON object")
-    assert isinstance(doc, dict)
-    fmt = doc.get("format_version")
-    _require(fmt == FORMAT_VERSION, f"unsupported format_version {fmt!r} (this agent reads {FORMAT_VERSION})")
-    _require(doc.get("checksum") == CHECKSUM_ALGORITHM, f"checksum must be {CHECKSUM_ALGORITHM!r}")
-    version = _str(doc.get("version"), "version")
-    if expected_version is not None:
-        _require(
-            version == expected_version, f"manifest is for version {version!r}, not {expected_version!r}"
-        )
-    raw_files = doc.get("files")
-    _require(isinstance(raw_files, dict), "files must be an object")
-    assert isinstance(raw_files, dict)
-    files: dict[str, int] = {}
-    for fname, meta in raw_files.items():
-        _require(is_valid_file_name(fname), f"unsafe shard file name {fname!r}")
-        _require(isinstance(meta, dict), f"files[{fname!r}] must be an object")
-        files[fname] = _int(meta.get("size"), f"files[{fname!r}].size")
-    raw_tensors = doc.get("tensors")
-    _require(isinstance(raw_tensors, list), "tensors must be a list")
-    assert isinstance(raw_tensors, list)
-    tensors = tuple(_parse_tensor(obj, i, files) for i, obj in enumerate(raw_tensors))
-    by_name: dict[str, TensorEntry] = {}
-    for t in tensors:
-        _require(t.name not in by_name, f"tensor {t.name!r} is listed twice")
-        by_name[t.name] = t
-    manifest = Manifest(version=version, files=files, tensors=tensors, _by_name=by_name)
-    for fname, entries in manifest.by_file.items():
-        for prev, cur in itertools.pairwise(entries):
-            _require(cur.offset >= prev.end, f"tensors {prev.name!r} and {cur.name!r} overlap in {fname}")
-    return manifest
-
-
 def parse_manifest(raw: bytes, *, expected_version: str | None = None) -> Manifest:
     """Parse and validate a manifest; raises LoadError(InvalidManifest) naming what is wrong."""
     try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise LoadError(Reason.INVALID_MANIFEST, f"manifest is not valid JSON: {exc}") from None
-    try:
-        return _parse(doc, expected_version)
-    except _Invalid as exc:
-        raise LoadError(Reason.INVALID_MANIFEST, f"invalid manifest: {exc}") from None
+        doc = parse_document(raw)
+    except ManifestError as exc:
+        message = str(exc)
+        if not message.startswith("manifest is not valid JSON"):
+            message = f"invalid manifest: {message}"
+        raise LoadError(Reason.INVALID_MANIFEST, message) from None
+    if expected_version is not None and doc.version != expected_version:
+        raise LoadError(
+            Reason.INVALID_MANIFEST,
+            f"invalid manifest: manifest is for version {doc.version!r}, not {expected_version!r}",
+        )
+    return Manifest(
+        version=doc.version,
+        files={name: f.size for name, f in doc.files.items()},
+        tensors=tuple(
+            TensorEntry(t.name, t.dtype, tuple(t.shape), t.file, t.offset, t.nbytes, t.xxh3_128)
+            for t in doc.tensors
+        ),
+        extra_files={name: ExtraFile(name, e.size, e.xxh3_128) for name, e in doc.extra_files.items()},
+        format_version=doc.format_version,
+    )

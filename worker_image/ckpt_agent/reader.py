@@ -3,14 +3,19 @@ verifying each tensor's xxh3-128 as its bytes land.
 
 Bytes are read in chunks straight into the destination buffer and hashed chunk by chunk while
 still in cache, so verification costs one extra pass over hot memory rather than a second trip
-through DRAM. Contiguous tensors of a shard are read through one ranged stream, so small tensors
-cost no request round trips.
+through DRAM. With verification, streams that say so (`overlaps_hashing`: local files) get a
+helper thread that reads the next chunks of a tensor while the caller hashes the ones that
+landed: preadv and xxhash both release the GIL, so on two cores the hash hides behind the copy
+instead of adding to it.
+Contiguous tensors of a shard are read through one ranged stream, so small tensors cost no
+request round trips.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -23,6 +28,9 @@ from ckpt_agent.transport import ByteStream, Transport
 DEFAULT_CHUNK_BYTES = 4 << 20
 # Gaps between tensors up to this size are read and dropped instead of opening a new range.
 _MAX_SKIP = 1 << 20
+# Non-weight files are held in memory whole (config, tokenizer: kilobytes to tens of MiB); a
+# manifest listing a bigger one is refused rather than allocated.
+MAX_EXTRA_FILE_BYTES = 1 << 30
 
 BufferFor = Callable[[TensorEntry], memoryview]
 OnTensor = Callable[[TensorEntry, memoryview], None]
@@ -103,6 +111,37 @@ def fetch_manifest_raw(
     return parse_manifest(raw, expected_version=version), digest, raw
 
 
+def read_extra_files(
+    transport: Transport, manifest: Manifest, *, cancelled: Callable[[], bool]
+) -> dict[str, bytes]:
+    """Every non-weight file of the version (config, tokenizer, index...), whole, each checked
+    against its xxh3-128 whatever the load asked: they are small, and an engine reads them as
+    they are, so a damaged one would not show up as a wrong weight but as a broken model."""
+    files: dict[str, bytes] = {}
+    for name, extra in sorted(manifest.extra_files.items()):
+        _check_cancel(cancelled)
+        if extra.size > MAX_EXTRA_FILE_BYTES:
+            raise LoadError(
+                Reason.INVALID_MANIFEST,
+                f"extra file {name} of {manifest.version} is {extra.size} bytes; non-weight files are "
+                f"held in memory, up to {MAX_EXTRA_FILE_BYTES} bytes each",
+            )
+        buf = bytearray(extra.size)
+        stream = transport.open_range(manifest.version, name, 0, extra.size)
+        try:
+            stream.readinto(memoryview(buf))
+        finally:
+            stream.close()
+        digest = xxhash.xxh3_128(buf).hexdigest()
+        if digest != extra.xxh3_128:
+            raise LoadError(
+                Reason.CHECKSUM_MISMATCH,
+                f"extra file {name} of {manifest.version}: xxh3-128 {digest} != manifest {extra.xxh3_128}",
+            )
+        files[name] = bytes(buf)
+    return files
+
+
 def _check_cancel(cancelled: Callable[[], bool]) -> None:
     if cancelled():
         raise LoadError(Reason.CANCELLED, "load cancelled: the agent is shutting down")
@@ -116,6 +155,70 @@ def _skip(stream: ByteStream, nbytes: int, scratch: bytearray) -> None:
         nbytes -= step
 
 
+# Below this many bytes a tensor is read and hashed inline: handing chunks to the read-ahead
+# thread costs tens of microseconds each, more than overlapping saves on small pieces.
+_MIN_PIPELINED_BYTES = 2 << 20
+_MIN_PIECE_BYTES = 1 << 20
+
+
+def _pieces(buf: memoryview, step: int) -> list[memoryview]:
+    return [buf[pos : pos + step] for pos in range(0, buf.nbytes, max(step, 1))]
+
+
+class _ReadAhead:
+    """Fills a tensor's pieces from the stream in a helper thread, in order, while the caller
+    hashes the pieces already filled. It never reads past the tensor: the next tensor's buffer
+    may be this one again (streamed mode), still to be applied. One per stream (reads of one
+    stream are sequential); `close` joins the thread."""
+
+    def __init__(self, stream: ByteStream) -> None:
+        self._stream = stream
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-readahead")
+
+    def read(
+        self, pieces: list[memoryview], cancelled: Callable[[], bool]
+    ) -> Generator[memoryview, None, None]:
+        """Yields each piece once its bytes are in; raises what the read raised."""
+        cond = threading.Condition()
+        landed = 0
+        failure: BaseException | None = None
+        stop = threading.Event()
+
+        def fill() -> None:
+            nonlocal landed, failure
+            try:
+                for piece in pieces:
+                    if stop.is_set() or cancelled():
+                        return
+                    self._stream.readinto(piece)
+                    with cond:
+                        landed += 1
+                        cond.notify()
+            except BaseException as exc:
+                with cond:
+                    failure = exc
+                    cond.notify()
+
+        future = self._pool.submit(fill)
+        try:
+            for k, piece in enumerate(pieces):
+                with cond:
+                    while landed <= k and failure is None:
+                        _check_cancel(cancelled)
+                        cond.wait(0.5)
+                    if landed <= k:
+                        assert failure is not None
+                        raise failure
+                yield piece
+        finally:
+            # Whatever happened, the buffer is not ours again until the thread stops writing it.
+            stop.set()
+            future.result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
 def _read_tensor(
     stream: ByteStream,
     entry: TensorEntry,
@@ -125,22 +228,29 @@ def _read_tensor(
     chunk_bytes: int,
     progress: LoadProgress,
     cancelled: Callable[[], bool],
+    ahead: Callable[[], _ReadAhead],
 ) -> None:
-    # Hashing runs inline, chunk by chunk, while the chunk is still in cache. A helper thread
-    # buys nothing here: xxhash holds the GIL, and even a GIL-free hash thread measured no
-    # better on 2 cores (memory bandwidth, not CPU, is what the copy and the hash share).
     hasher = xxhash.xxh3_128() if verify else None
     # Transports that move bytes in their own threads (Mooncake) go fastest when handed a whole
     # tensor at once: they split it into slices transferred in parallel; hashing then makes one
     # more pass over memory instead of interleaving with round trips.
-    step = entry.nbytes if getattr(stream, "prefers_whole_tensors", False) else chunk_bytes
-    for pos in range(0, entry.nbytes, max(step, 1)):
-        _check_cancel(cancelled)
-        piece = buf[pos : pos + step]
-        stream.readinto(piece)
-        if hasher is not None:
-            hasher.update(piece)
-        progress.add(piece.nbytes)
+    whole = getattr(stream, "prefers_whole_tensors", False)
+    ahead_ok = getattr(stream, "overlaps_hashing", False)
+    if hasher is not None and ahead_ok and entry.nbytes >= _MIN_PIPELINED_BYTES:
+        # At least two pieces, so that something overlaps even in a tensor of one chunk.
+        step = min(chunk_bytes, max(entry.nbytes // 2, _MIN_PIECE_BYTES))
+        # closing: however this loop ends, the helper has stopped writing `buf` when it does.
+        with contextlib.closing(ahead().read(_pieces(buf, step), cancelled)) as landed:
+            for piece in landed:
+                hasher.update(piece)
+                progress.add(piece.nbytes)
+    else:
+        for piece in _pieces(buf, entry.nbytes if whole else chunk_bytes):
+            _check_cancel(cancelled)
+            stream.readinto(piece)
+            if hasher is not None:
+                hasher.update(piece)
+            progress.add(piece.nbytes)
     if hasher is not None and hasher.hexdigest() != entry.xxh3_128:
         raise LoadError(
             Reason.CHECKSUM_MISMATCH,
@@ -163,6 +273,14 @@ def read_run(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> None:
     stream = transport.open_range(version, run.file, run.start, run.end)
+    helper: _ReadAhead | None = None
+
+    def ahead() -> _ReadAhead:
+        nonlocal helper
+        if helper is None:
+            helper = _ReadAhead(stream)
+        return helper
+
     try:
         scratch = bytearray()
         cursor = run.start
@@ -179,10 +297,13 @@ def read_run(
                 chunk_bytes=chunk_bytes,
                 progress=progress,
                 cancelled=cancelled,
+                ahead=ahead,
             )
             on_tensor(entry, buf)
             cursor = entry.end
     finally:
+        if helper is not None:
+            helper.close()
         stream.close()
 
 

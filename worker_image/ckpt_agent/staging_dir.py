@@ -1,11 +1,18 @@
 """On-disk staging for engines that load a version from a directory (SGLang, vLLM).
 
-Each shard is rewritten as a fresh safetensors file whose header is built from the verified
-manifest (never copied from the source or a peer: those header bytes carry no checksum), and
-whose data section the load fills in place through a shared mapping, tensor by tensor, hashing
-as it goes. Files are written under a hidden `.partial` name and renamed to
-`<staging root>/<version>` only once every byte is verified, so an engine never sees a half
-staged version. Use a tmpfs (/dev/shm) or NVMe path.
+The staged `<root>/<version>/` is a Hugging Face model directory, what the engines' loaders
+take: every shard, and every non-weight file of the version (config.json, tokenizer and
+generation files, `model.safetensors.index.json`) byte for byte as verified. Each shard is
+rewritten as a fresh safetensors file whose header is built from the verified manifest (never
+copied from the source or a peer: those header bytes carry no checksum), and whose data section
+the load fills in place through a shared mapping, tensor by tensor, hashing as it goes. Files
+are written under a hidden `.partial` name and renamed to `<staging root>/<version>` only once
+every byte is verified, so an engine never sees a half staged version. Use a tmpfs (/dev/shm)
+or NVMe path.
+
+Before any tensor byte is pulled, the directory as written (headers final, data not yet) is
+checked the way the loaders will read it (`check_loadable`): a version whose index names a
+shard or tensor the directory lacks, or whose config does not parse, is refused up front.
 """
 
 from __future__ import annotations
@@ -16,34 +23,95 @@ import mmap
 import os
 import secrets
 import shutil
-import struct
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
+from ckpt_agent.errors import LoadError, Reason
 from ckpt_agent.manifest import Manifest, TensorEntry
+from ckpt_agent.safetensors_format import encode_header, read_header
 
-_ALIGN = 8  # safetensors recommends an 8-byte aligned data section
+CONFIG_NAME = "config.json"
+INDEX_NAME = "model.safetensors.index.json"  # transformers' SAFE_WEIGHTS_INDEX_NAME
+# What `save_pretrained` writes; transformers refuses a safetensors file whose format it does not
+# know, and this directory is meant to load wherever an HF checkpoint does.
+_SHARD_METADATA = {"format": "pt"}
+_MAX_LISTED = 8
 
 
-def _header(entries: list[TensorEntry]) -> tuple[bytes, dict[str, int], int]:
-    """The safetensors header for `entries` packed in order, each tensor's offset in the new
-    file, and the file size."""
-    doc: dict[str, object] = {}
-    cursor = 0
-    local: dict[str, int] = {}
-    for e in entries:
-        doc[e.name] = {"dtype": e.dtype, "shape": list(e.shape), "data_offsets": [cursor, cursor + e.nbytes]}
-        local[e.name] = cursor
-        cursor += e.nbytes
-    raw = json.dumps(doc, separators=(",", ":")).encode()
-    raw += b" " * (-(8 + len(raw)) % _ALIGN)
-    start = 8 + len(raw)
-    return struct.pack("<Q", len(raw)) + raw, {n: start + off for n, off in local.items()}, start + cursor
+def _listing(items: list[str]) -> str:
+    more = len(items) - _MAX_LISTED
+    return ", ".join(items[:_MAX_LISTED]) + (f" and {more} more" if more > 0 else "")
+
+
+def _json_file(path: Path) -> tuple[object, str | None]:
+    try:
+        return json.loads(path.read_bytes()), None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return None, f"{path.name} is not valid JSON ({exc})"
+
+
+def _index_problems(directory: Path) -> list[str]:
+    """What the loaders' index rule (vLLM's and SGLang's `filter_duplicate_safetensors_files`:
+    load only the shards the weight map names) would make of `directory`."""
+    doc, error = _json_file(directory / INDEX_NAME)
+    if error is not None:
+        return [error]
+    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+    ):
+        return [f"{INDEX_NAME} has no weight_map of tensor names to shard files"]
+    shards = {p.name for p in directory.glob("*.safetensors")}
+    problems = []
+    named = set(weight_map.values())
+    missing = sorted(named - shards)
+    if missing:
+        problems.append(f"{INDEX_NAME} names shards the version does not hold: {_listing(missing)}")
+    unnamed = sorted(shards - named)
+    if unnamed:
+        problems.append(
+            f"loaders following {INDEX_NAME} would skip shards it does not name: {_listing(unnamed)}"
+        )
+    held: dict[str, set[str]] = {}
+    for shard in sorted(shards & named):
+        try:
+            held[shard] = {t.name for t in read_header(directory / shard)}
+        except ValueError as exc:
+            problems.append(str(exc))
+    misplaced = sorted(
+        f"{tensor!r} (in the index under {shard})"
+        for tensor, shard in weight_map.items()
+        if shard in held and tensor not in held[shard]
+    )
+    if misplaced:
+        problems.append(f"{INDEX_NAME} maps tensors their shard does not hold: {_listing(misplaced)}")
+    return problems
+
+
+def model_directory_problems(directory: Path) -> list[str]:
+    """Why an engine's loader could not load `directory` as a model; empty when it can. A
+    directory without config.json is a weights-only version (published from bare shards): the
+    engines' in-place loads read only weights and keep the model config they booted with."""
+    problems = []
+    config = directory / CONFIG_NAME
+    if config.is_file():
+        doc, error = _json_file(config)
+        if error is not None:
+            problems.append(error)
+        elif not isinstance(doc, dict):
+            problems.append(f"{CONFIG_NAME} is not a JSON object")
+    if (directory / INDEX_NAME).is_file():
+        problems.extend(_index_problems(directory))
+    return problems
 
 
 class StagedDirectory:
-    def __init__(self, root: Path, manifest: Manifest) -> None:
+    def __init__(
+        self, root: Path, manifest: Manifest, extra_files: Mapping[str, bytes] | None = None
+    ) -> None:
+        """`extra_files`: the version's verified non-weight files, written as they are."""
         self.version = manifest.version
         self._root = root
         root.mkdir(parents=True, exist_ok=True)
@@ -56,8 +124,14 @@ class StagedDirectory:
         self._maps: list[mmap.mmap] = []
         self._where: dict[str, tuple[int, int]] = {}  # tensor -> (map index, offset)
         try:
+            for name, content in (extra_files or {}).items():
+                (self.path / name).write_bytes(content)
             for file, entries in manifest.by_file.items():
-                header, offsets, size = _header(entries)
+                header, relative = encode_header(
+                    [(e.name, e.dtype, e.shape, e.nbytes) for e in entries], metadata=_SHARD_METADATA
+                )
+                offsets = {e.name: len(header) + off for e, off in zip(entries, relative, strict=True)}
+                size = len(header) + sum(e.nbytes for e in entries)
                 with (self.path / file).open("w+b") as f:
                     f.truncate(size)
                     f.write(header)
@@ -72,6 +146,15 @@ class StagedDirectory:
         except BaseException:
             self.release()
             raise
+
+    def check_loadable(self) -> None:
+        """Raise LoadError(IncompatibleCheckpoint) unless the directory loads as a model."""
+        problems = model_directory_problems(self.path)
+        if problems:
+            raise LoadError(
+                Reason.INCOMPATIBLE_CHECKPOINT,
+                f"version {self.version} is not a loadable model directory: " + "; ".join(problems),
+            )
 
     def buffer(self, entry: TensorEntry) -> memoryview:
         index, off = self._where[entry.name]

@@ -1,7 +1,8 @@
 """`ckpt-rollout bench dataplane`: load throughput of the file, http and mooncake (Mooncake
 transfer engine over TCP) transports, with and without verification, against limits measured
-in the same run (memcpy, raw loopback TCP), plus
-peak extra memory of a streamed load. A benchmark, not a test: it prints figures and ratios.
+in the same run (memcpy, raw loopback TCP, one core's xxh3-128 rate), plus
+peak extra memory of a streamed load and the rate of `publish --link` (which costs hashing only,
+so its limit is the hash rate). A benchmark, not a test: it prints figures and ratios.
 
 Loads run the agent's own pipeline (`InProcessLoader`, streamed mode: manifest, compatibility
 check, chunked reads into one reusable buffer, xxh3-128) into a target that discards the bytes,
@@ -28,13 +29,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from ckpt_agent.compat import ParamSpec
 from ckpt_agent.engines.base import LoadJob
 from ckpt_agent.loader import ApplyFn, InProcessLoader
 from ckpt_agent.manifest import MANIFEST_NAME, TensorEntry, parse_manifest
 from ckpt_agent.pause_gate import PauseGate
-from ckpt_agent.publish import publish
+from ckpt_agent.publish import publish_version
 from ckpt_agent.reader import LoadProgress
 from ckpt_agent.safetensors_format import write_file
 
@@ -88,6 +90,31 @@ def measure_memcpy(nbytes: int, repeat: int) -> float:
     src = np.ones(nbytes, dtype=np.uint8)
     dst = np.zeros(nbytes, dtype=np.uint8)  # touched: page faults are not what we measure
     return _best_gbps(nbytes, repeat, lambda: np.copyto(dst, src))
+
+
+def measure_xxh3(nbytes: int, repeat: int) -> float:
+    """One thread's xxh3-128 over a buffer in memory: the limit a hashing publish is held to."""
+    data = np.random.default_rng(1).integers(0, 256, nbytes, dtype=np.uint8).data
+
+    def once() -> None:
+        xxhash.xxh3_128_hexdigest(data)
+
+    return _best_gbps(nbytes, repeat, once)
+
+
+def measure_publish(src: Path, root: Path, repeat: int) -> float:
+    """Best GB/s of `publish --link` of `src` (shard bytes over wall time), each run a new version
+    beside `root/VERSION`, removed afterwards. The source was just written, so it is in the page
+    cache, as a trainer's fresh checkpoint is."""
+    best = 0.0
+    for i in range(repeat):
+        out = root / f"{VERSION}-publish-{i}"
+        started = time.perf_counter()
+        result = publish_version(src, out.name, root, link=True)
+        seconds = time.perf_counter() - started
+        best = max(best, sum(f.bytes for f in result.files if f.kind == "shard") / seconds / GB)
+        shutil.rmtree(out)
+    return best
 
 
 def measure_tcp(nbytes: int, chunk: int, repeat: int) -> float:
@@ -229,14 +256,16 @@ def run_dataplane(
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    log("measuring memcpy and loopback TCP ...")
+    log("measuring memcpy, xxh3-128 and loopback TCP ...")
     results["memcpy_gbps"] = measure_memcpy(min(size_mb, 256) * MiB, repeat)
+    results["xxh3_gbps"] = measure_xxh3(min(size_mb, 256) * MiB, repeat)
     results["tcp_gbps"] = measure_tcp(size_mb * MiB, chunk, repeat)
     with tempfile.TemporaryDirectory(dir=workdir, prefix="ckpt-bench-") as tmp:
         root = Path(tmp) / "root"
         log(f"publishing a {size_mb} MiB checkpoint ...")
         write_bench_checkpoint(Path(tmp) / "src", size_mb * MiB, tensor_mb * MiB)
-        publish(Path(tmp) / "src", VERSION, root)
+        publish_version(Path(tmp) / "src", VERSION, root)
+        results["publish_gbps"] = measure_publish(Path(tmp) / "src", root, repeat)
         shutil.rmtree(Path(tmp) / "src")
         manifest = parse_manifest((root / VERSION / MANIFEST_NAME).read_bytes())
         target = DiscardTarget({t.name: t for t in manifest.tensors})
@@ -271,6 +300,7 @@ def run_dataplane(
         "file_over_memcpy": results["file_gbps"] / results["memcpy_gbps"],
         "file_verify_cost": 1 - results["file_verify_gbps"] / results["file_gbps"],
         "http_verify_cost": 1 - results["http_verify_gbps"] / results["http_gbps"],
+        "publish_over_xxh3": results["publish_gbps"] / results["xxh3_gbps"],
     }
     r = results["ratios"]
     if results["mooncake_verify_gbps"] is not None:
@@ -281,6 +311,7 @@ def run_dataplane(
         "file_ge_half_memcpy": r["file_over_memcpy"] >= 0.5,
         "verify_cost_le_10pct": max(r["file_verify_cost"], r["http_verify_cost"]) <= 0.10,
         "rss_within_budget": results["peak_extra_rss_mb"] <= results["rss_budget_mb"],
+        "publish_ge_0_8_xxh3": r["publish_over_xxh3"] >= 0.8,
     }
     return results
 
@@ -296,6 +327,7 @@ def format_report(r: dict[str, Any]) -> str:
             f"dataplane bench: {r['size_mb']} MiB, {r['tensor_mb']} MiB tensors, {r['chunk_mb']} MiB chunks, "
             f"{r['cpus']} CPUs",
             f"  memcpy            {r['memcpy_gbps']:7.2f} GB/s",
+            f"  xxh3-128, 1 core  {r['xxh3_gbps']:7.2f} GB/s",
             f"  loopback tcp      {r['tcp_gbps']:7.2f} GB/s",
             f"  file load         {r['file_gbps']:7.2f} GB/s   verify {r['file_verify_gbps']:7.2f} GB/s",
             f"  http load         {r['http_gbps']:7.2f} GB/s   verify {r['http_verify_gbps']:7.2f} GB/s",
@@ -311,6 +343,9 @@ def format_report(r: dict[str, Any]) -> str:
             f"file {ratios['file_verify_cost']:.1%}, http {ratios['http_verify_cost']:.1%}  (target <= 10%)",
             f"  [{mark(met['rss_within_budget'])}] peak extra RSS    {r['peak_extra_rss_mb']:.1f} MiB  "
             f"(budget: chunk + largest tensor = {r['rss_budget_mb']:.1f} MiB)",
+            f"  publish --link    {r['publish_gbps']:7.2f} GB/s",
+            f"  [{mark(met['publish_ge_0_8_xxh3'])}] publish / xxh3    "
+            f"{ratios['publish_over_xxh3']:.2f}  (target >= 0.8)",
         ]
     )
 

@@ -1,6 +1,7 @@
 """Engines that load a version from a local directory (SGLang, vLLM): the agent pulls and
-verifies the version into a staging directory (`staging_dir`), then, with traffic paused, asks
-the engine to load it and checks the engine reports it. Subclasses speak each engine's API.
+verifies the version into a staging directory (`staging_dir`: a Hugging Face model directory,
+checked loadable before any tensor byte is pulled), then, with traffic paused, asks the engine
+to load it and checks the engine reports it. Subclasses speak each engine's API.
 
 Failure truth. Neither engine's load from disk is transactional: a load that fails part way
 leaves the engine holding new, mixed or half-initialised weights (SGLang's own "rollback"
@@ -20,6 +21,7 @@ import json
 import logging
 import os
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,7 @@ from ckpt_agent.engines.base import LoadJob, LoadOutcome
 from ckpt_agent.errors import LoadError, Reason
 from ckpt_agent.manifest import DEFAULT_MAX_MANIFEST_BYTES, Manifest
 from ckpt_agent.pause_gate import LOAD, WEIGHTS_LOST, PauseGate
-from ckpt_agent.reader import DEFAULT_CHUNK_BYTES, LoadProgress
+from ckpt_agent.reader import DEFAULT_CHUNK_BYTES, LoadProgress, read_extra_files
 from ckpt_agent.relay.copy import RelayCopy
 from ckpt_agent.relay.load import open_version, pull_into
 from ckpt_agent.relay.peer import is_peer_fault
@@ -250,8 +252,11 @@ class DiskStagedEngine:
         transport, manifest, digest, raw = await open_version(job, self._max_manifest)
         try:
             progress.bytes_total = manifest.total_bytes
+            extra = await asyncio.to_thread(
+                read_extra_files, transport, manifest, cancelled=job.cancel.is_set
+            )
             self._move_live_copy_aside(job.version)
-            staged = await asyncio.to_thread(self._stage, transport, manifest, job, progress)
+            staged = await asyncio.to_thread(self._stage, transport, manifest, extra, job, progress)
         finally:
             transport.close()
         target = DiskWeights(job.version, str(staged.path), self.load_format)
@@ -287,7 +292,7 @@ class DiskStagedEngine:
             previous.release()
         # The engine owns the live staging directory (released when the next load lands); the
         # relay only reads it, so withdrawing the relay must not delete it.
-        relay = RelayCopy(raw, manifest, staged.buffer) if self._relay else None
+        relay = RelayCopy(raw, manifest, staged.buffer, extra_files=extra) if self._relay else None
         return LoadOutcome(
             manifest.total_bytes, job.must_verify, digest, relay, from_peer=job.peer is not None
         )
@@ -392,10 +397,18 @@ class DiskStagedEngine:
         live.path = aside
 
     def _stage(
-        self, transport: Transport, manifest: Manifest, job: LoadJob, progress: LoadProgress
+        self,
+        transport: Transport,
+        manifest: Manifest,
+        extra: Mapping[str, bytes],
+        job: LoadJob,
+        progress: LoadProgress,
     ) -> StagedDirectory:
-        staged = StagedDirectory(self.staging_root, manifest)
+        staged = StagedDirectory(self.staging_root, manifest, extra)
         try:
+            # Headers and extra files are final already: a directory the engine could not load
+            # is refused before a tensor byte is pulled, and the engine is never called.
+            staged.check_loadable()
             pull_into(
                 transport,
                 job,

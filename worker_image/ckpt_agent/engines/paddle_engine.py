@@ -1,4 +1,11 @@
-"""The reference engine: a real paddle model held in-process, loaded through `InProcessLoader`."""
+"""The paddle engine: real paddle tensors held in-process, loaded through `InProcessLoader`.
+
+It holds either the reference MLP (default; `/v1/infer` runs it) or, with `boot_weights`
+(`--paddle-weights`), a model shaped like a real checkpoint: one paddle tensor per checkpoint
+tensor, with its name, dtype, shape and bytes. Such a model has no forward pass here (its
+architecture is the serving framework's business), so it answers no `/v1/infer`; loads into it
+are what they are for any model: checked name/dtype/shape against it, applied byte-exact.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +13,22 @@ import asyncio
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
-import numpy as np
 import paddle
 
 from ckpt_agent.compat import ParamSpec
-from ckpt_agent.dtypes import numpy_dtype
 from ckpt_agent.engines.base import EngineUnavailable, LoadJob, LoadOutcome
-from ckpt_agent.engines.reference_model import build_model, safetensors_dtype
+from ckpt_agent.engines.boot_checkpoint import BootCheckpointError, boot_tensors
+from ckpt_agent.engines.paddle_tensors import (
+    read_bytes,
+    safetensors_dtype,
+    supported_dtypes,
+    tensor_from_bytes,
+    write_bytes,
+)
+from ckpt_agent.engines.reference_model import build_model
 from ckpt_agent.loader import ApplyFn, ApplyMode, InProcessLoader
 from ckpt_agent.manifest import TensorEntry
 from ckpt_agent.pause_gate import PauseGate
@@ -31,6 +45,7 @@ class PaddleEngine:
         self,
         spec: ReferenceModelSpec,
         *,
+        boot_weights: Path | None = None,
         apply_mode: ApplyMode = "staged",
         chunk_bytes: int,
         max_manifest_bytes: int,
@@ -38,8 +53,14 @@ class PaddleEngine:
         relay: bool = True,
     ) -> None:
         self.spec = spec
-        self._model = build_model(spec)
-        self._params = dict(self._model.state_dict())
+        self.boot_weights = boot_weights
+        self._model: Any = None
+        if boot_weights is None:
+            self._model = build_model(spec)
+            self._params = dict(self._model.state_dict())
+        else:
+            self._params = _checkpoint_tensors(boot_weights)
+        self.supports_infer = self._model is not None
         self._specs = {
             name: ParamSpec(safetensors_dtype(p), tuple(int(d) for d in p.shape))
             for name, p in self._params.items()
@@ -66,6 +87,9 @@ class PaddleEngine:
     def parameter_specs(self) -> Mapping[str, ParamSpec]:
         return self._specs
 
+    def supported_dtypes(self) -> frozenset[str]:
+        return supported_dtypes()
+
     @contextmanager
     def applying(self) -> Iterator[ApplyFn]:
         with self._lock:
@@ -81,14 +105,12 @@ class PaddleEngine:
             with self._lock:
                 if self._generation != generation or not self._consistent:
                     raise RelayGone("the live parameters changed since this version was loaded")
-                array = self._params[entry.name].numpy()
-            return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+                return read_bytes(self._params[entry.name])
 
         return read
 
     def _apply_tensor(self, entry: TensorEntry, data: memoryview) -> None:
-        array = np.frombuffer(data, dtype=numpy_dtype(entry.dtype)).reshape(entry.shape)
-        self._params[entry.name].set_value(array)
+        write_bytes(self._params[entry.name], data)
 
     # -- Engine --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -122,6 +144,7 @@ class PaddleEngine:
                 raise EngineUnavailable("the engine is paused")
             if not self._consistent:
                 raise EngineUnavailable("the model holds no consistent weights")
+            assert self._model is not None, "a checkpoint-shaped model serves no /v1/infer"
             with paddle.no_grad():
                 out = self._model(paddle.to_tensor(self._input))
             return [float(v) for v in out.numpy().ravel()]
@@ -130,9 +153,30 @@ class PaddleEngine:
         return await asyncio.to_thread(self._infer)
 
     def describe(self) -> dict[str, Any]:
+        model: dict[str, Any]
+        if self.boot_weights is None:
+            model = {"hidden": self.spec.hidden, "layers": self.spec.layers, "outputs": self.spec.outputs}
+        else:
+            dtypes = sorted({spec.dtype for spec in self._specs.values()})
+            model = {"checkpoint": str(self.boot_weights), "tensors": len(self._specs), "dtypes": dtypes}
         return {
             "name": self.name,
             "apply_mode": self._loader.apply_mode,
-            "model": {"hidden": self.spec.hidden, "layers": self.spec.layers, "outputs": self.spec.outputs},
+            "model": model,
             "consistent": self._consistent,
         }
+
+
+def _checkpoint_tensors(path: Path) -> dict[str, Any]:
+    """Paddle tensors for every tensor of the boot checkpoint; refuses (BootCheckpointError)
+    one holding a dtype this paddle lacks, before creating anything: the agent does not start."""
+    tensors = boot_tensors(path)
+    held = supported_dtypes()
+    unheld = [f"{t.name!r} is {t.dtype}" for t in tensors if t.dtype not in held]
+    if unheld:
+        shown = ", ".join(unheld[:8]) + (f" and {len(unheld) - 8} more" if len(unheld) > 8 else "")
+        raise BootCheckpointError(
+            f"{path}: paddle {paddle.__version__} has no dtype for {shown} "
+            f"(it holds {', '.join(sorted(held))})"
+        )
+    return {t.name: tensor_from_bytes(t.dtype, t.shape, t.read()) for t in tensors}

@@ -6,19 +6,8 @@ from typing import Any
 
 import paddle
 
+from ckpt_agent.engines import paddle_tensors
 from ckpt_agent.synth import ReferenceModelSpec
-
-PADDLE_DTYPES: dict[str, str] = {
-    "paddle.float32": "F32",
-    "paddle.float16": "F16",
-    "paddle.bfloat16": "BF16",
-    "paddle.float64": "F64",
-    "paddle.int64": "I64",
-    "paddle.int32": "I32",
-    "paddle.int8": "I8",
-    "paddle.uint8": "U8",
-    "paddle.bool": "BOOL",
-}
 
 
 class ReferenceMLP(paddle.nn.Layer):  # type: ignore[misc]
@@ -42,4 +31,5 @@ def build_model(spec: ReferenceModelSpec) -> ReferenceMLP:
 
 
 def safetensors_dtype(tensor: Any) -> str:
-    return PADDLE_DTYPES[str(tensor.dtype)]
+    """The safetensors name of a paddle tensor's dtype (publishing a paddle state dict uses it)."""
+    return paddle_tensors.safetensors_dtype(tensor)

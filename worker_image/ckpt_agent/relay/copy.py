@@ -7,13 +7,15 @@ Which bytes a peer serves (decided per apply mode):
 - streamed: re-read from the live parameters, tensor by tensor (http only: no staging copy to
   register). A tensor that changed since the load (a new load began) is refused.
 Readers verify everything anyway; these rules keep an honest peer from serving torn data.
+The version's non-weight files (config, tokenizer, index) are small and kept in memory with the
+copy, verified, whatever the apply mode: a peer serves them as it received them.
 """
 
 from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from ckpt_agent.manifest import Manifest, TensorEntry
 from ckpt_agent.staging import TensorStore
@@ -37,12 +39,14 @@ class RelayCopy:
         *,
         store: TensorStore | None = None,
         source: str = "staging",
+        extra_files: Mapping[str, bytes] | None = None,
     ) -> None:
         self.manifest_raw = manifest_raw
         self.manifest = manifest
         self.version = manifest.version
         self.store = store  # registrable memory, if any (mooncake relay)
         self.source = source
+        self.extra_files: Mapping[str, bytes] = dict(extra_files or {})
         self._read_tensor = read_tensor
         self._offsets = {f: [e.offset for e in es] for f, es in manifest.by_file.items()}
         self._lock = threading.Lock()
@@ -50,15 +54,30 @@ class RelayCopy:
         self.released = False
 
     @classmethod
-    def from_store(cls, manifest_raw: bytes, manifest: Manifest, store: TensorStore) -> RelayCopy:
-        return cls(manifest_raw, manifest, store.buffer, store=store)
+    def from_store(
+        cls,
+        manifest_raw: bytes,
+        manifest: Manifest,
+        store: TensorStore,
+        extra_files: Mapping[str, bytes] | None = None,
+    ) -> RelayCopy:
+        return cls(manifest_raw, manifest, store.buffer, store=store, extra_files=extra_files)
 
     def file_size(self, file: str) -> int | None:
+        """Size of a shard or an extra file of the version; None for any other name."""
+        if file in self.extra_files:
+            return len(self.extra_files[file])
         return self.manifest.files.get(file)
 
     def iter_range(self, file: str, start: int, end: int) -> Iterator[bytes | memoryview]:
         """Bytes [start, end) of `file` in the original shard layout, in pieces of at most 1 MiB;
         bytes between tensors (header, padding) come out as zeros. Blocking."""
+        extra = self.extra_files.get(file)
+        if extra is not None:
+            view = memoryview(extra)
+            for lo in range(start, end, _PIECE):
+                yield view[lo : min(end, lo + _PIECE)]
+            return
         entries = self.manifest.by_file.get(file, [])
         i = max(bisect.bisect_right(self._offsets.get(file, []), start) - 1, 0)
         pos = start

@@ -3,6 +3,8 @@
     GET /v1/relay/<version>/manifest.json   the original manifest bytes
     GET /v1/relay/<version>/<shard>         shard bytes in the original layout, Range supported
                                             (the layout `HttpTransport` reads)
+    GET /v1/relay/<version>/<extra file>    a non-weight file (config, tokenizer, index), as
+                                            verified; also how a Mooncake peer serves these
     GET /v1/mooncake/<version>              Mooncake descriptor of the relay copy (when the agent
                                             runs with --relay-mooncake tcp|rdma)
 
@@ -102,7 +104,7 @@ def add_relay_routes(app: web.Application, current: CurrentCopy, exporter: Relay
         size = copy.file_size(file)
         if size is None:
             return web.json_response(
-                {"error": ErrorCode.NOT_FOUND, "message": f"{version} has no shard {file}"}, status=404
+                {"error": ErrorCode.NOT_FOUND, "message": f"{version} has no file {file}"}, status=404
             )
         wanted = _parse_range(request.headers.get("Range"), size)
         if wanted is None:

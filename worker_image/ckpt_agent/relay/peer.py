@@ -28,7 +28,7 @@ def open_peer_transport(uri: str, bearer: str | None) -> Transport:
     if uri.startswith("mooncake://"):
         from ckpt_agent.transport.mooncake import MooncakeTransport
 
-        return MooncakeTransport(uri, bearer=bearer)
+        return MooncakeTransport(uri, bearer=bearer, files_path=RELAY_PATH)
     from ckpt_agent.transport.http import HttpTransport
 
     return HttpTransport(uri.rstrip("/") + RELAY_PATH, bearer=bearer)

@@ -14,7 +14,13 @@ from typing import Protocol, runtime_checkable
 
 
 class ByteStream(Protocol):
-    """Sequential reader over one byte range of one shard."""
+    """Sequential reader over one byte range of one shard.
+
+    Optional class attributes tell the reader how to drive it: `prefers_whole_tensors` (one
+    `readinto` per tensor: the transport splits it itself, e.g. Mooncake) and `overlaps_hashing`
+    (reads may run in a helper thread, ahead of the hashing, e.g. local files; not set for HTTP:
+    with the sender on the same cores, loopback measured slower that way).
+    """
 
     def readinto(self, buf: memoryview) -> None:
         """Fill `buf` completely with the next bytes of the range.

@@ -12,6 +12,11 @@ from ckpt_agent.transport.base import ByteStream, EmptyStream
 
 
 class _FileStream:
+    # See reader._read_tensor: reads here are the kernel's copy out of the page cache, in this
+    # process, so a helper thread can read ahead while the caller hashes (measured: the hash
+    # then costs a few percent instead of a third of the load on 2 cores).
+    overlaps_hashing = True
+
     def __init__(self, fd: int, start: int, end: int, name: str) -> None:
         self._fd = fd
         self._pos = start
@@ -74,7 +79,7 @@ class FileTransport:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
-            raise LoadError(Reason.TRUNCATED_SHARD, f"shard {file} of {version} is missing") from None
+            raise LoadError(Reason.TRUNCATED_SHARD, f"{file} of {version} is missing") from None
         except OSError as exc:
             raise LoadError(Reason.SOURCE_UNREACHABLE, f"opening {file}: {exc}") from None
         size = os.fstat(fd).st_size

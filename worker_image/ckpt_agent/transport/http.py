@@ -117,7 +117,7 @@ class HttpTransport:
 
 def _check_range_response(resp: http.client.HTTPResponse, file: str, start: int, end: int) -> None:
     if resp.status == 404:
-        raise LoadError(Reason.TRUNCATED_SHARD, f"shard {file} is missing at the source (HTTP 404)")
+        raise LoadError(Reason.TRUNCATED_SHARD, f"{file} is missing at the source (HTTP 404)")
     if resp.status == 416:
         raise LoadError(Reason.TRUNCATED_SHARD, f"shard {file} at the source is shorter than {end} bytes")
     if resp.status == 200:

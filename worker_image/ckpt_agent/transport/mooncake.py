@@ -6,6 +6,10 @@ sits in the server's registered memory (see `ckpt_agent.mooncake.descriptor`). R
 batched `batch_transfer_sync_read` calls from the server's memory straight into the caller's
 buffer when that buffer is registered (the loader registers its staging arena and stream
 buffer), else through a registered bounce buffer: RDMA can only land bytes in registered memory.
+
+A version's non-weight files (config, tokenizer, index: small, read once) are not in the
+descriptor; they come over plain HTTP from the same endpoint, where both a source
+(`/<version>/<file>`) and a relaying agent (`/v1/relay/<version>/<file>`) serve them.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from ckpt_agent.manifest import DEFAULT_MAX_MANIFEST_BYTES
 from ckpt_agent.mooncake import runtime
 from ckpt_agent.mooncake.descriptor import Descriptor, ExportedFile, InvalidDescriptor, parse_descriptor
 from ckpt_agent.transport.base import ByteStream, EmptyStream
+from ckpt_agent.transport.http import HttpTransport
 
 DESCRIPTOR_PATH = "/v1/mooncake"
 _BOUNCE_BYTES = 4 << 20
@@ -114,7 +119,11 @@ class _MooncakeStream:
 
 
 class MooncakeTransport:
-    def __init__(self, uri: str, *, bearer: str | None = None, timeout: float = 30.0) -> None:
+    def __init__(
+        self, uri: str, *, bearer: str | None = None, timeout: float = 30.0, files_path: str = ""
+    ) -> None:
+        """`files_path`: where the endpoint serves a version's files over HTTP ("" for a
+        source, the relay prefix for a peer agent)."""
         parts = urlsplit(uri)
         if parts.scheme != "mooncake" or not parts.hostname or parts.port is None:
             raise ValueError(f"not a mooncake://host:port URI: {uri!r}")
@@ -122,6 +131,8 @@ class MooncakeTransport:
         self.uri = uri
         self._host = parts.hostname
         self._port = parts.port
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        self._files = HttpTransport(f"http://{host}:{self._port}{files_path}", timeout=timeout, bearer=bearer)
         self._headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
         self._timeout = timeout
         self._descriptors: dict[str, Descriptor] = {}
@@ -198,7 +209,9 @@ class MooncakeTransport:
         descriptor = self._descriptor(version, DEFAULT_MAX_MANIFEST_BYTES)
         shard = descriptor.files.get(file)
         if shard is None:
-            raise LoadError(Reason.TRUNCATED_SHARD, f"shard {file} of {version} is missing at {self.uri}")
+            # Not a registered shard: an extra file, or a shard the source could not map (its
+            # HTTP side then answers 404, TruncatedShard, as a missing shard should).
+            return self._files.open_range(version, file, start, end)
         if shard.size < end:
             raise LoadError(
                 Reason.TRUNCATED_SHARD, f"shard {file} at {self.uri} is {shard.size} bytes, need {end}"

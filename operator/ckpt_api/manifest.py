@@ -1,0 +1,308 @@
+"""The checkpoint version manifest (`manifest.json`): the format publishers write and agents read.
+
+A version directory (and the served tree, so any static file server is a source) holds:
+
+    <root>/<version>/manifest.json
+    <root>/<version>/<shard>.safetensors     files: the shards, holding every tensor
+    <root>/<version>/<other file>            extra_files: config.json, tokenizer files, the index…
+
+The manifest lists every tensor (name, dtype, shape, file, byte offset, nbytes, xxh3-128) and
+every other file of the version (size, whole-file xxh3-128). Its own sha256, over the exact bytes
+served, is what `spec.source.manifestDigest` pins; an agent always checks the bytes it uses
+against the xxh3-128 the manifest gives for them.
+
+Compatibility, for publishers and readers of different ages:
+
+- `format_version` is 2 (version 1 had no `extra_files`). Readers accept every version up to
+  theirs and refuse a higher one with an InvalidManifest naming it: a reader cannot know what a
+  newer format means.
+- Unknown fields, at any level, are ignored. A newer publisher may add information (a
+  cryptographic digest per tensor, provenance) that older agents do not need; ignoring it lets
+  nothing through unverified, since the manifest digest pins every byte of the manifest and the
+  checksums a reader does understand cover every byte it loads.
+- A publisher bumps `format_version` when a reader must understand a new field to load the
+  version correctly (a new encoding, a new kind of file); that is what makes old readers refuse.
+
+`render_schema()` is the published JSON schema of the format (`make crds` writes it to
+`operator/ckpt_api/manifest.schema.json`; a test fails when the committed copy drifts).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+from typing import Annotated, Any, Literal, NoReturn, get_args
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.json_schema import SkipJsonSchema
+from pydantic_core import PydanticCustomError
+
+FORMAT_VERSION = 2
+CHECKSUM_ALGORITHM = "xxh3-128"
+MANIFEST_NAME = "manifest.json"
+SCHEMA_ID = "https://rollout.ckpt.dev/schemas/manifest.schema.json"
+
+# Every dtype safetensors defines (0.8), by its name in headers and manifests.
+Dtype = Literal[
+    "BOOL",
+    "F4",
+    "F6_E2M3",
+    "F6_E3M2",
+    "U8",
+    "I8",
+    "F8_E5M2",
+    "F8_E4M3",
+    "F8_E8M0",
+    "F8_E4M3FNUZ",
+    "F8_E5M2FNUZ",
+    "I16",
+    "U16",
+    "F16",
+    "BF16",
+    "I32",
+    "U32",
+    "F32",
+    "C64",
+    "F64",
+    "I64",
+    "U64",
+]
+# Bits per element: F4 and F6 pack values across bytes, so a shape is valid for them only when
+# its bits fill whole bytes (as safetensors requires).
+DTYPE_BITS: dict[str, int] = {
+    "BOOL": 8,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "F8_E4M3FNUZ": 8,
+    "F8_E5M2FNUZ": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "C64": 64,
+    "F64": 64,
+    "I64": 64,
+    "U64": 64,
+}
+if set(DTYPE_BITS) != set(get_args(Dtype)):  # pragma: no cover - a typo in one of the two lists
+    raise ImportError("ckpt_api.manifest: DTYPE_BITS and Dtype name different dtypes")
+
+_FILE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$"
+_FILE_NAME = re.compile(_FILE_NAME_PATTERN)
+MAX_TENSOR_NAME = 1024
+MAX_RANK = 16
+
+
+def is_valid_file_name(name: str) -> bool:
+    """A file name a version may hold: one path component, no '..', not the manifest itself."""
+    return bool(_FILE_NAME.match(name)) and ".." not in name and name != MANIFEST_NAME
+
+
+def tensor_nbytes(dtype: str, shape: tuple[int, ...] | list[int]) -> int:
+    """Bytes of a tensor; KeyError for an unknown dtype, ValueError when a packed dtype's bits do
+    not fill whole bytes."""
+    bits = math.prod(shape) * DTYPE_BITS[dtype]
+    if bits % 8:
+        raise ValueError(f"{dtype}{list(shape)} is {bits} bits, not a whole number of bytes")
+    return bits // 8
+
+
+def _file_name(name: str) -> str:
+    if not is_valid_file_name(name):
+        raise PydanticCustomError("file_name", "unsafe file name {name!r}", {"name": name})
+    return name
+
+
+FileName = Annotated[str, AfterValidator(_file_name)]
+# What `is_valid_file_name` checks, as JSON schema for the keys of `files` and `extra_files`.
+_FILE_NAME_SCHEMA: dict[str, Any] = {
+    "type": "string",
+    "pattern": _FILE_NAME_PATTERN,
+    "not": {"anyOf": [{"pattern": r"\.\."}, {"const": MANIFEST_NAME}]},
+    "description": "one path component, no '..', not manifest.json",
+}
+Count = Annotated[int, Field(ge=0)]
+Xxh3 = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$", description="xxh3-128, 32 lowercase hex digits")]
+
+
+class _Record(BaseModel):
+    # Unknown fields are ignored (see the module docstring); strict: JSON integers only, no "1".
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
+
+
+class TensorRecord(_Record):
+    name: str = Field(min_length=1, max_length=MAX_TENSOR_NAME)
+    dtype: Dtype
+    shape: list[Count] = Field(max_length=MAX_RANK)
+    file: str = Field(min_length=1, description="the shard holding it, a key of `files`")
+    offset: Count = Field(description="first byte, from the start of the file")
+    nbytes: Count = Field(description="numel * bits / 8 of its dtype; F4/F6 shapes must fill whole bytes")
+    xxh3_128: Xxh3
+
+
+class ShardRecord(_Record):
+    size: Count
+
+
+class ExtraFileRecord(_Record):
+    size: Count
+    xxh3_128: Xxh3 = Field(description="xxh3-128 of the whole file")
+
+
+class ManifestDocument(_Record):
+    """manifest.json of one checkpoint version."""
+
+    model_config = ConfigDict(
+        extra="ignore",
+        frozen=True,
+        strict=True,
+        title="Checkpoint version manifest",
+        json_schema_extra={"$id": SCHEMA_ID},
+    )
+
+    format_version: int = Field(
+        ge=1, le=FORMAT_VERSION, description="readers refuse a format newer than theirs"
+    )
+    version: str = Field(min_length=1)
+    checksum: Literal["xxh3-128"]
+    # Informational (publishers write it); readers that predate it never required it.
+    total_bytes: Count | SkipJsonSchema[None] = Field(
+        default=None, description="sum of every tensor's nbytes"
+    )
+    files: dict[FileName, ShardRecord] = Field(description="the safetensors shards, by name")
+    extra_files: dict[FileName, ExtraFileRecord] = Field(
+        default_factory=dict,
+        description="every other file of the version (config, tokenizer, index…); since format 2",
+    )
+    tensors: list[TensorRecord]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ManifestDocument:
+        files = self.files
+        seen: set[str] = set()
+        by_file: dict[str, list[TensorRecord]] = {}
+        for t in self.tensors:
+            where = f"tensor {t.name!r}"
+            shard = files.get(t.file)
+            if shard is None:
+                _fail(f"{where}: file {t.file!r} is not listed in files")
+            try:
+                expected = tensor_nbytes(t.dtype, t.shape)
+            except ValueError as exc:
+                _fail(f"{where}: {exc}")
+            if t.nbytes != expected:
+                _fail(f"{where}: nbytes {t.nbytes} does not match {t.dtype}{tuple(t.shape)}")
+            if t.offset + t.nbytes > shard.size:
+                _fail(f"{where}: bytes end past the size of {t.file}")
+            if t.name in seen:
+                _fail(f"{where} is listed twice")
+            seen.add(t.name)
+            by_file.setdefault(t.file, []).append(t)
+        for fname, entries in by_file.items():
+            entries.sort(key=lambda t: t.offset)
+            for prev, cur in itertools.pairwise(entries):
+                if cur.offset < prev.offset + prev.nbytes:
+                    _fail(f"tensors {prev.name!r} and {cur.name!r} overlap in {fname}")
+        for fname in self.extra_files:
+            if fname in files:
+                _fail(f"extra file {fname!r} is also listed in files")
+        return self
+
+
+def _fail(message: str) -> NoReturn:
+    raise PydanticCustomError("manifest", "{message}", {"message": message})
+
+
+class ManifestError(ValueError):
+    """A manifest this reader cannot use; the message names what is wrong, one line."""
+
+
+def parse_document(raw: bytes) -> ManifestDocument:
+    """Validate manifest bytes; ManifestError naming the first problem found."""
+    try:
+        return ManifestDocument.model_validate_json(raw)
+    except ValidationError as exc:
+        raise ManifestError(_describe(exc.errors(include_url=False)[0], raw)) from None
+
+
+# What each field must be, for errors pydantic reports in its own words.
+_MUST_BE = {
+    "version": "a non-empty string",
+    "name": f"a non-empty string of at most {MAX_TENSOR_NAME} characters",
+    "file": "a non-empty string",
+    "offset": "an integer >= 0",
+    "nbytes": "an integer >= 0",
+    "size": "an integer >= 0",
+    "total_bytes": "an integer >= 0",
+    "xxh3_128": "32 lowercase hex digits",
+    "shape": f"a list of at most {MAX_RANK} dimensions",
+    "files": "an object",
+    "extra_files": "an object",
+    "tensors": "a list",
+    "checksum": repr(CHECKSUM_ALGORITHM),
+}
+
+
+def _describe(error: Any, raw: bytes) -> str:
+    loc: tuple[str | int, ...] = tuple(error["loc"])
+    kind = error["type"]
+    if kind == "json_invalid":
+        return f"manifest is not valid JSON: {error['ctx'].get('error', error['msg'])}"
+    if kind == "manifest":
+        return str(error["msg"])
+    if not loc:
+        return "manifest must be a JSON object" if kind == "model_type" else str(error["msg"])
+    top = loc[0]
+    if top == "format_version":
+        return f"unsupported format_version {error.get('input')!r} (this reader reads 1 to {FORMAT_VERSION})"
+    if top in ("files", "extra_files") and len(loc) >= 2:
+        what = "shard" if top == "files" else "extra"
+        if loc[-1] == "[key]":
+            return f"unsafe {what} file name {loc[1]!r}"
+        if len(loc) == 2:
+            return f"{top}[{loc[1]!r}] must be an object"
+        return f"{top}[{loc[1]!r}].{loc[2]} must be {_MUST_BE.get(str(loc[2]), 'valid')}"
+    if top == "tensors" and len(loc) >= 2:
+        where = _tensor_where(raw, loc[1])
+        if len(loc) == 2:
+            return f"{where} must be an object"
+        field = str(loc[2])
+        if field == "dtype":
+            return f"{where}: unknown dtype {error.get('input')!r}"
+        if field == "shape" and len(loc) > 3:
+            return f"{where}: shape dimension {loc[3]} must be an integer >= 0"
+        return f"{where}: {field} must be {_MUST_BE.get(field, 'valid')}"
+    return f"{top} must be {_MUST_BE.get(str(top), 'valid')}"
+
+
+def _tensor_where(raw: bytes, index: str | int) -> str:
+    # Only on the error path: name the tensor by its name when it has a usable one.
+    try:
+        name = json.loads(raw)["tensors"][int(index)]["name"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        name = None
+    return f"tensor {name!r}" if isinstance(name, str) and name else f"tensors[{index}]"
+
+
+def render_schema() -> str:
+    """The format's JSON schema, as committed."""
+    schema = ManifestDocument.model_json_schema(mode="validation")
+    for key in ("files", "extra_files"):
+        schema["properties"][key]["propertyNames"] = _FILE_NAME_SCHEMA
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
+    return json.dumps(schema, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+if __name__ == "__main__":
+    print(render_schema(), end="")
