@@ -16,29 +16,8 @@ from pathlib import Path
 import numpy as np
 from safetensors import TensorSpec, serialize_file
 
-# safetensors' TensorSpec names dtypes the way frameworks do; headers carry the short names.
-_SPEC_DTYPE = {
-    "BOOL": "bool",
-    "U8": "uint8",
-    "I8": "int8",
-    "I16": "int16",
-    "U16": "uint16",
-    "I32": "int32",
-    "U32": "uint32",
-    "I64": "int64",
-    "U64": "uint64",
-    "F16": "float16",
-    "F32": "float32",
-    "F64": "float64",
-    "BF16": "bfloat16",
-    "F8_E4M3": "float8_e4m3fn",
-    "F8_E5M2": "float8_e5m2",
-    "F8_E8M0": "float8_e8m0fnu",
-    "F4": "float4_e2m1fn_x2",
-    "C64": "complex64",
-}
-_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "I16": 2, "U16": 2, "I32": 4, "U32": 4, "I64": 8, "U64": 8}
-_BYTES |= {"F16": 2, "F32": 4, "F64": 8, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "C64": 8}
+from ckpt_agent.dtypes import FRAMEWORK_NAMES, nbytes_of
+
 FP8_BLOCK = 32
 
 
@@ -79,7 +58,7 @@ def random_bytes(rng: np.random.Generator, dtype: str, shape: tuple[int, ...]) -
             .astype({"F16": "<f2", "F32": "<f4", "F64": "<f8"}[dtype])
             .tobytes()
         )
-    return rng.integers(0, 256, count * _BYTES[dtype], dtype=np.uint8).tobytes()
+    return rng.integers(0, 256, nbytes_of(dtype, shape), dtype=np.uint8).tobytes()
 
 
 def write_safetensors(path: Path, tensors: dict[str, Tensor], metadata: dict[str, str] | None = None) -> None:
@@ -87,7 +66,7 @@ def write_safetensors(path: Path, tensors: dict[str, Tensor], metadata: dict[str
     keep = {name: np.frombuffer(t.data, dtype=np.uint8).copy() for name, t in tensors.items()}
     specs = {
         name: TensorSpec(
-            dtype=_SPEC_DTYPE[t.dtype],
+            dtype=FRAMEWORK_NAMES[t.dtype],
             # TensorSpec takes F4's storage shape: two values per byte along the last axis.
             shape=[*t.shape[:-1], t.shape[-1] // 2] if t.dtype == "F4" else list(t.shape),
             data_ptr=keep[name].ctypes.data,

@@ -23,10 +23,9 @@ import numpy as np
 import paddle
 import pytest
 import xxhash
-from safetensors import TensorSpec, serialize_file
 
 from ckpt_agent.cli import add_commands
-from ckpt_agent.dtypes import BITS
+from ckpt_agent.dtypes import BITS, FRAMEWORK_NAMES
 from ckpt_agent.manifest import Manifest, parse_manifest
 from ckpt_agent.publish import PublishError, publish_version
 from ckpt_agent.safetensors_format import encode_header, read_header
@@ -152,40 +151,16 @@ def test_a_paddle_state_dict_in_several_shards_gets_an_index(tmp_path: Path) -> 
     assert {f.method for f in result.files} == {"written"}
 
 
-# The safetensors library's constructor names (TensorSpec); it has none for the F6 types.
-_LIBRARY_NAMES = {
-    "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "I32": "int32",
-    "U32": "uint32", "I64": "int64", "U64": "uint64", "F16": "float16", "BF16": "bfloat16",
-    "F32": "float32", "F64": "float64", "C64": "complex64", "F8_E4M3": "float8_e4m3fn",
-    "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu", "F8_E4M3FNUZ": "float8_e4m3fnuz",
-    "F8_E5M2FNUZ": "float8_e5m2fnuz", "F4": "float4_e2m1fn_x2",
-}  # fmt: skip
-
-
-def _library_file(path: Path, tensors: dict[str, Tensor]) -> None:
-    keep = {name: np.frombuffer(t.data, dtype=np.uint8).copy() for name, t in tensors.items()}
-    specs = {
-        name: TensorSpec(
-            dtype=_LIBRARY_NAMES[t.dtype],
-            # F4 is given in its storage shape (two values per byte); the library doubles it back.
-            shape=[*t.shape[:-1], t.shape[-1] // 2] if t.dtype == "F4" else list(t.shape),
-            data_ptr=keep[name].ctypes.data,
-            data_len=keep[name].nbytes,
-        )
-        for name, t in tensors.items()
-    }
-    serialize_file(specs, str(path))
-
-
 def test_every_safetensors_dtype_round_trips_byte_identical(tmp_path: Path) -> None:
-    assert set(_LIBRARY_NAMES) | {"F6_E2M3", "F6_E3M2"} == set(BITS)
+    assert set(FRAMEWORK_NAMES) | {"F6_E2M3", "F6_E3M2"} == set(BITS)
     rng = np.random.default_rng(11)
     shape = (3, 8)  # 24 elements: whole bytes for the 4- and 6-bit types too
     tensors = {f"t.{d.lower()}": Tensor(d, shape, rng.bytes(24 * bits // 8)) for d, bits in BITS.items()}
     src = tmp_path / "src"
     src.mkdir()
-    f6 = {n: t for n, t in tensors.items() if t.dtype not in _LIBRARY_NAMES}
-    _library_file(src / "model-00001-of-00002.safetensors", {n: t for n, t in tensors.items() if n not in f6})
+    f6 = {n: t for n, t in tensors.items() if t.dtype not in FRAMEWORK_NAMES}
+    library = {n: t for n, t in tensors.items() if n not in f6}
+    write_safetensors(src / "model-00001-of-00002.safetensors", library)
     # The library cannot write F6: those go through our header writer.
     prefix, offsets = encode_header([(n, t.dtype, t.shape, len(t.data)) for n, t in f6.items()])
     assert offsets == [0, len(f6["t.f6_e2m3"].data)]

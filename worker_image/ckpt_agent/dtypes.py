@@ -72,6 +72,11 @@ _FROM_NUMPY: dict[str, str] = {
 }
 
 
+# The name frameworks give each dtype (torch, paddle, ml_dtypes, and safetensors' own TensorSpec):
+# the numpy names above, plus F4's packed pair type. F6 has none anywhere.
+FRAMEWORK_NAMES: dict[str, str] = {st: name for name, st in _FROM_NUMPY.items()} | {"F4": "float4_e2m1fn_x2"}
+
+
 def is_known(dtype: str) -> bool:
     return dtype in BITS
 

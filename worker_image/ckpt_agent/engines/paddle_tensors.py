@@ -17,28 +17,11 @@ from typing import Any
 import numpy as np
 import paddle
 
-# Safetensors dtypes and the paddle dtype that would hold each, if this paddle has it. F8_E8M0,
-# the FNUZ float8s and the packed F4/F6 have no paddle dtype at all.
-_CANDIDATES: dict[str, str] = {
-    "BOOL": "bool",
-    "U8": "uint8",
-    "I8": "int8",
-    "I16": "int16",
-    "U16": "uint16",
-    "I32": "int32",
-    "U32": "uint32",
-    "I64": "int64",
-    "U64": "uint64",
-    "F16": "float16",
-    "BF16": "bfloat16",
-    "F32": "float32",
-    "F64": "float64",
-    "C64": "complex64",
-    "F8_E4M3": "float8_e4m3fn",
-    "F8_E5M2": "float8_e5m2",
-}
-_ITEM_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2}
-_ITEM_BYTES |= {"BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
+from ckpt_agent.dtypes import FRAMEWORK_NAMES, ITEM_SIZES
+
+# Every dtype a framework names is a candidate; which ones this paddle really holds is found by
+# trying (`supported_dtypes`): F8_E8M0, the FNUZ float8s and F4 have no paddle dtype at all.
+_CANDIDATES: dict[str, str] = {st: name for st, name in FRAMEWORK_NAMES.items() if st in ITEM_SIZES}
 _BY_PADDLE_NAME = {f"paddle.{attr}": name for name, attr in _CANDIDATES.items()}
 
 
@@ -84,7 +67,7 @@ def tensor_from_bytes(dtype: str, shape: Sequence[int], data: memoryview | bytes
 
 
 def _round_trips(dtype: str) -> bool:
-    width = _ITEM_BYTES[dtype]
+    width = ITEM_SIZES[dtype]
     try:
         for shape in ((3,), ()):
             count = math.prod(shape)
