@@ -1,6 +1,13 @@
 """`ckpt-rollout operator`: runs kopf with our handlers and settings."""
 
 import argparse
+import os
+import socket
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    # kopf.run's parameter type, a NewType of str it does not export.
+    from kopf._core.engines.peering import Identity
 
 from ckpt_rollout.config import OperatorConfig, add_operator_arguments, config_from_args
 
@@ -10,6 +17,11 @@ def configure_logging(log_format: str) -> None:
     import kopf
 
     kopf.configure(log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.FULL)
+
+
+def operator_identity() -> str:
+    """<hostname>-<pid>: the pod name on Kubernetes, unique among replicas (the Lease holder's)."""
+    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 def run_operator(config: OperatorConfig) -> int:
@@ -38,6 +50,9 @@ def run_operator(config: OperatorConfig) -> int:
         liveness_endpoint=f"http://{config.liveness_host}:{config.liveness_port}/healthz",
         # Leadership comes from our Lease, so kopf's own peering (its own CRDs) stays off.
         standalone=True,
+        # Named here: kopf's default (user@host) asks getpass.getuser(), which raises for a uid
+        # without a passwd entry, as the chart's 65532 is in the image and any runAsUser may be.
+        identity=cast("Identity", operator_identity()),
         memo=kopf.Memo(config=config),
     )
     return 0
