@@ -61,10 +61,11 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-class Lines:
+class Lines(Silent):
     """One line per file on `stream` (stderr): what a log or a CI job can keep."""
 
     def __init__(self, stream: IO[str] | None = None, prefix: str = "publish") -> None:
+        super().__init__()
         self._stream = stream or sys.stderr
         self._prefix = prefix
 
@@ -72,22 +73,11 @@ class Lines:
         print(f"{self._prefix}: {text}", file=self._stream, flush=True)
 
     def warn(self, message: str) -> None:
+        super().warn(message)
         self._print(f"warning: {message}")
-
-    def begin(self, total_bytes: int) -> None:
-        pass
-
-    def expect(self, nbytes: int) -> None:
-        pass
-
-    def advance(self, nbytes: int) -> None:
-        pass
 
     def file_done(self, name: str, nbytes: int, method: str) -> None:
         self._print(f"{name} {human_bytes(nbytes)} ({method})")
-
-    def end(self) -> None:
-        pass
 
 
 class Bar:
