@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from ckpt_e2e.hf_checkpoint import HFCheckpoint, llama_like
+from ckpt_e2e.procs import wait_for
 from ckpt_e2e.rollout_env import (
     CLI,
     CheckpointSource,
@@ -88,8 +89,14 @@ def test_hf_checkpoint_rolls_out_to_paddle_agents_byte_exact(
         extra_args=["--paddle-weights", str(root / "hf-step-100"), "--apply-mode", "streamed"],
     )
     workers = fleet.workers(2)
-    for w in workers:
-        assert http_json(w.url("/v1/status"), token=fleet.token)["version"] == "hf-step-100"
+    # The agents answer while they still load their boot version; wait until it is live.
+    wait_for(
+        lambda: all(
+            http_json(w.url("/v1/status"), token=fleet.token)["version"] == "hf-step-100" for w in workers
+        ),
+        60,
+        "both agents serving hf-step-100",
+    )
 
     rollouts.create(
         "hf",
