@@ -12,7 +12,8 @@ PYPATHS := operator:worker_image:e2e
 install: $(VENV)/.installed
 
 # Debian packages the tests and the demo need (Mooncake's libraries, iproute2, shellcheck, podman,
-# buildah, mmdebstrap, runc): installs only what is missing, so a set-up machine pays ~0.1 s.
+# buildah, mmdebstrap, runc, and containerd, CNI plugins, iptables for the real node): installs
+# only what is missing, so a set-up machine pays ~0.1 s.
 system-deps:
 	bash scripts/install-system-deps.sh dev
 

@@ -15,7 +15,12 @@
 #             Dockerfiles and run them without a Docker engine (e2e/ckpt_e2e/images.py); plus
 #             podman's recommends, named so a --no-install-recommends machine gets the set the
 #             tests ran with (netavark aardvark-dns fuse-overlayfs slirp4netns uidmap catatonit)
-#   dev       paddle + mooncake + bench + images + shellcheck: everything `make test` needs
+#   realnode  containerd containernetworking-plugins iptables iproute2: the real kubelet node
+#             beside kwok (e2e/ckpt_e2e/realnode.py): its container runtime, the CNI bridge/
+#             host-local/loopback plugins, the iptables kube-proxy programs inside the node's
+#             netns, and `ip` to make that netns
+#   dev       paddle + mooncake + bench + images + realnode + shellcheck: everything `make test`
+#             needs
 set -euo pipefail
 
 profile_packages() {
@@ -26,12 +31,13 @@ profile_packages() {
     images)
       echo "podman buildah mmdebstrap runc netavark aardvark-dns fuse-overlayfs slirp4netns uidmap catatonit"
       ;;
+    realnode) echo "containerd containernetworking-plugins iptables iproute2" ;;
     dev)
       echo "$(profile_packages paddle) $(profile_packages mooncake) $(profile_packages bench)" \
-        "$(profile_packages images) shellcheck"
+        "$(profile_packages images) $(profile_packages realnode) shellcheck"
       ;;
     *)
-      echo "install-system-deps: unknown profile '$1' (paddle, mooncake, bench, images, dev)" >&2
+      echo "install-system-deps: unknown profile '$1' (paddle, mooncake, bench, images, realnode, dev)" >&2
       return 1
       ;;
   esac

@@ -4,6 +4,13 @@ Everything binds to 127.0.0.1 on free ports and lives in one temp dir. kwok fake
 kubelets of `nodes` nodes whose podCIDRs lie in 127.0.0.0/8 (node i gets 127.<base+i>.0.0/16,
 base claimed per cluster, never shared by two live clusters), so every pod's IP is a loopback
 address a test process can bind.
+
+`ClusterOptions(real_node=True)` adds one real kubelet node beside them (realnode.py, in a
+network namespace of its own, nodenet.py). Only then does the apiserver also serve the node's
+pods: a forwarder on the host end of the node's veth passes connections to it (it still binds
+127.0.0.1 alone), it advertises that address so the `kubernetes` Service's endpoints point
+there (kube-proxy on the node routes the Service IP), its serving certificate names it and the
+Service IP, and it authorizes kubelets with the Node authorizer, as a real cluster does.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import secrets
 import shutil
 import ssl
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -30,13 +38,20 @@ from ckpt_api.vocabulary import ConditionStatus, KubeConditionType
 from . import versions
 from .kubeapi import ApiError, KubeAPI
 from .kwok_stages import stages_yaml
+from .nodenet import NodeNetwork
 from .pki import CertPair, ClusterPKI
 from .procs import WaitTimeout, free_ports, spawn, stop, wait_for
+from .realnode import NODE_NAME as REAL_NODE_NAME
+from .realnode import RealNode
+from .realnode import sweep_stale as sweep_stale_nodes
 
 NODE_ANNOTATION = "kwok.x-k8s.io/node"
 # Pod CIDR octets: clear of 127.0.x (the control plane) and kwok's fallback 127.250.0.0/16.
 _FIRST_OCTET, _LAST_OCTET = 20, 239
 LOOPBACK = "127.0.0.1"
+SERVICE_CIDR = "10.0.0.0/24"
+KUBERNETES_SERVICE_IP = "10.0.0.1"  # the first address of SERVICE_CIDR
+TCPFORWARD = Path(__file__).resolve().parent / "tcpforward.py"
 
 
 @dataclass
@@ -50,6 +65,9 @@ class ClusterOptions:
     # Second octet of node 0's podCIDR. None: claim a free range (see _claim_octets) so two
     # clusters on one machine (a developer's and a CI run) never hand out the same pod IPs.
     cidr_base: int | None = None
+    # One real kubelet + containerd node beside the kwok ones (binaries must then include
+    # realnode.BINARIES).
+    real_node: bool = False
 
 
 @dataclass
@@ -75,6 +93,12 @@ class LocalCluster:
         self.server = ""
         self.cidr_base = self.options.cidr_base or 0
         self._octet_locks: list[TextIO] = []
+        self.node_net: NodeNetwork | None = None
+        self.real_node: RealNode | None = None
+        # Where pods on the real node reach the apiserver (the forwarder); "" without one.
+        self.pod_server = ""
+        # What the real node's teardown could not remove (empty when all went).
+        self.teardown_leftovers: list[str] = []
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -97,10 +121,18 @@ class LocalCluster:
         self.stop()
 
     def stop(self) -> None:
-        """Stop components in reverse start order; each is SIGTERMed, then SIGKILLed."""
+        """Stop components in reverse start order; each is SIGTERMed, then SIGKILLed. The real
+        node goes first (its teardown talks to its own containerd only), its network last."""
+        if self.real_node is not None:
+            self.teardown_leftovers = self.real_node.stop()
+            self.real_node = None
         while self._components:
             comp = self._components.pop()
             stop(comp.proc, grace=10.0)
+        if self.node_net is not None:
+            self.teardown_leftovers += self.node_net.destroy()
+            self.node_net.release()
+            self.node_net = None
         for lock in self._octet_locks:
             lock.close()  # releases the flock: the pod IP range is free again
         self._octet_locks.clear()
@@ -109,7 +141,10 @@ class LocalCluster:
 
     @property
     def pids(self) -> dict[str, int]:
-        return {c.name: c.proc.pid for c in self._components}
+        found = {c.name: c.proc.pid for c in self._components}
+        if self.real_node is not None:
+            found.update(self.real_node.pids)
+        return found
 
     def admin_api(self) -> KubeAPI:
         return KubeAPI(self.server, self.pki.ca_cert, self._admin.cert, self._admin.key)
@@ -142,11 +177,23 @@ class LocalCluster:
         names = ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler")
         self.ports = dict(zip(names, free_ports(len(names)), strict=True))
         self.server = f"https://{LOOPBACK}:{self.ports['apiserver']}"
-        serving = self.pki.serving("apiserver", [LOOPBACK], ["localhost", "kubernetes.default.svc"])
+        ips, dns = [LOOPBACK], ["localhost", "kubernetes.default.svc"]
+        if self.options.real_node:
+            # What a SIGKILLed run left (shims, containers, mounts, its netns), before we add ours.
+            sweep_stale_nodes()
+            self.node_net = NodeNetwork.claim(owner=wd / "realnode")
+            self.node_net.create()
+            self.pod_server = f"https://{self.node_net.host_ip}:{self.ports['apiserver']}"
+            # What in-cluster clients dial: the Service IP or name, or the advertised endpoint.
+            ips += [self.node_net.host_ip, KUBERNETES_SERVICE_IP]
+            dns += ["kubernetes", "kubernetes.default", "kubernetes.default.svc.cluster.local"]
+        serving = self.pki.serving("apiserver", ips, dns)
         self._admin = self.pki.client("admin", "ckpt-e2e-admin", ("system:masters",))
 
         self._start_etcd()
         self._start_apiserver(serving)
+        if self.node_net is not None:
+            self._start_forwarder(self.node_net)
         self.timings["apiserver_ready"] = time.monotonic() - t0
 
         self._write_kubeconfig(self.kubeconfig, self._admin)
@@ -159,6 +206,9 @@ class LocalCluster:
         self._start_kwok(kwok_kc)
         self._create_nodes()
         self._wait_ready()
+        if self.node_net is not None:
+            self._start_real_node(self.node_net)
+            self.timings["real_node_ready"] = time.monotonic() - t0
 
     def _spawn(self, name: str, argv: list[str]) -> _Component:
         log = self.workdir / "logs" / f"{name}.log"
@@ -206,28 +256,48 @@ class LocalCluster:
 
     def _start_apiserver(self, serving: CertPair) -> None:
         issuer = self.server
+        if self.node_net is None:
+            node_flags = [
+                f"--advertise-address={LOOPBACK}",
+                "--authorization-mode=RBAC",
+                # The endpoint reconciler would publish 127.0.0.1 for the kubernetes Service,
+                # which EndpointSlice validation rejects.
+                "--endpoint-reconciler-type=none",
+            ]
+        else:
+            kubelet_client = self.pki.client(
+                "apiserver-kubelet-client", "kube-apiserver", ("system:masters",)
+            )
+            node_flags = [
+                # The kubernetes Service's endpoint (lease reconciler, the default): the forwarder.
+                f"--advertise-address={self.node_net.host_ip}",
+                # Kubelets act as system:node:<name>, allowed what their own pods need.
+                "--authorization-mode=Node,RBAC",
+                # logs/exec/port-forward reach the kubelet as a client of its x509 + webhook
+                # authn; its serving certificate is self-signed, so it is not verified.
+                f"--kubelet-client-certificate={kubelet_client.cert}",
+                f"--kubelet-client-key={kubelet_client.key}",
+                "--kubelet-preferred-address-types=InternalIP",
+            ]
         comp = self._spawn(
             "kube-apiserver",
             [
                 str(self.binaries["kube-apiserver"]),
                 f"--etcd-servers=http://{LOOPBACK}:{self.ports['etcd']}",
                 f"--bind-address={LOOPBACK}",
-                f"--advertise-address={LOOPBACK}",
+                *node_flags,
                 f"--secure-port={self.ports['apiserver']}",
                 f"--tls-cert-file={serving.cert}",
                 f"--tls-private-key-file={serving.key}",
                 f"--cert-dir={self.workdir / 'apiserver'}",
                 f"--client-ca-file={self.pki.ca_cert}",
-                "--authorization-mode=RBAC",
                 f"--service-account-issuer={issuer}",
                 f"--service-account-key-file={self.pki.sa_pub}",
                 f"--service-account-signing-key-file={self.pki.sa_key}",
                 f"--api-audiences={issuer}",
-                # Cluster IPs are only allocated, never routed: there is no kube-proxy.
-                "--service-cluster-ip-range=10.0.0.0/24",
-                # The endpoint reconciler would publish 127.0.0.1 for the kubernetes Service,
-                # which EndpointSlice validation rejects.
-                "--endpoint-reconciler-type=none",
+                # Cluster IPs are routed only on the real node (its kube-proxy); for kwok pods they
+                # are only allocated.
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--allow-privileged=true",
                 "--profiling=false",
                 "--v=1",
@@ -235,6 +305,38 @@ class LocalCluster:
         )
         api = self.admin_api()
         self._wait(comp, lambda: api.ok("/readyz"), "kube-apiserver /readyz")
+
+    def _start_forwarder(self, net: NodeNetwork) -> None:
+        port = self.ports["apiserver"]
+        comp = self._spawn(
+            "apiserver-forwarder",
+            [sys.executable, "-I", str(TCPFORWARD), f"{net.host_ip}:{port}", f"{LOOPBACK}:{port}"],
+        )
+        api = KubeAPI(self.pod_server, self.pki.ca_cert, self._admin.cert, self._admin.key)
+        self._wait(comp, lambda: api.ok("/readyz"), f"kube-apiserver /readyz through {self.pod_server}")
+
+    def _start_real_node(self, net: NodeNetwork) -> None:
+        # The node dials the forwarder: it lives in its netns, where 127.0.0.1 is its own.
+        kubelet_kc = self.workdir / "kubelet.kubeconfig"
+        write_kubeconfig(
+            kubelet_kc, self.pod_server, self.pki.ca_cert,
+            self.pki.client("kubelet", "system:node:" + REAL_NODE_NAME, ("system:nodes",)),
+        )  # fmt: skip
+        proxy_kc = self.workdir / "kube-proxy.kubeconfig"
+        write_kubeconfig(
+            proxy_kc, self.pod_server, self.pki.ca_cert, self.pki.client("kube-proxy", "system:kube-proxy")
+        )
+        self.real_node = RealNode(
+            self.binaries,
+            net,
+            self.workdir / "realnode",
+            self.pki.ca_cert,
+            kubelet_kc,
+            proxy_kc,
+            SERVICE_CIDR,
+            start_timeout=self.options.start_timeout,
+        )
+        self.real_node.start(self.admin_api())
 
     def _start_controller_manager(self, kubeconfig: Path) -> None:
         self._spawn(
@@ -341,7 +443,10 @@ class LocalCluster:
 
         def nodes_ready() -> bool:
             items = api.request("GET", "/api/v1/nodes")["items"]
-            ready = [n for n in items if _condition(n, KubeConditionType.READY) == ConditionStatus.TRUE]
+            fake = [
+                n for n in items if (n["metadata"].get("annotations") or {}).get(NODE_ANNOTATION) == "fake"
+            ]
+            ready = [n for n in fake if _condition(n, KubeConditionType.READY) == ConditionStatus.TRUE]
             return len(ready) == self.options.nodes
 
         self._wait(by_name["kwok"], nodes_ready, f"{self.options.nodes} kwok nodes Ready")

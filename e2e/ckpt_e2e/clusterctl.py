@@ -2,7 +2,11 @@
 
 `up` starts a detached supervisor (`run`) that owns the control-plane processes and tears
 them down on SIGTERM; `down` sends that SIGTERM and waits. State lives in --state-dir
-(default `.cluster/`): kubeconfig, supervisor pid, and its log.
+(default `.cluster/`): kubeconfig, supervisor pid, and its log. `--real-node` (`make cluster-up
+REAL_NODE=1`) adds the real kubelet node beside the kwok ones (realnode.py): pods pinned to it
+(nodeSelector kubernetes.io/hostname=ckpt-real-node, tolerating e2e.ckpt.dev/real-node) run the
+images `make images` built once they are imported (`ctr --address <state>/realnode-containerd.sock
+-n k8s.io images import`; the supervisor imports the operator and worker images when they exist).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 from .cluster import ClusterOptions, LocalCluster
 from .procs import WaitTimeout, descendants, wait_for
 from .provision import ProvisionError, resolve
+from .realnode import BINARIES as REAL_NODE_BINARIES
 
 _CONTROL_PLANE = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"]
 
@@ -43,20 +48,42 @@ def _read_pid(state: Path) -> int | None:
     return pid if _alive(pid) else None
 
 
-def cmd_run(state: Path, nodes: int) -> int:
+def _binaries(real_node: bool) -> list[str]:
+    return [*_CONTROL_PLANE, *(REAL_NODE_BINARIES if real_node else [])]
+
+
+def _import_built_images(cluster: LocalCluster) -> None:
+    """The operator and worker images into the real node, those `make images` has built."""
+    from . import images
+
+    assert cluster.real_node is not None
+    built = [spec.tag for spec in images.IMAGES.values() if images.image_exists(spec.tag)]
+    for tag, seconds in cluster.real_node.import_images(built).items():
+        print(f"imported {tag} into the real node in {seconds:.0f}s", flush=True)
+
+
+def cmd_run(state: Path, nodes: int, real_node: bool = False) -> int:
     """Foreground supervisor: start, publish the kubeconfig, wait for SIGTERM/SIGINT, stop."""
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
-    binaries = resolve(_CONTROL_PLANE)
-    cluster = LocalCluster(binaries, ClusterOptions(nodes=nodes))
+    binaries = resolve(_binaries(real_node))
+    cluster = LocalCluster(binaries, ClusterOptions(nodes=nodes, real_node=real_node))
     with cluster:
+        if cluster.real_node is not None:
+            _import_built_images(cluster)
+            link = state / "realnode-containerd.sock"
+            link.unlink(missing_ok=True)
+            link.symlink_to(cluster.real_node.containerd_socket)
         tmp = state / "kubeconfig.tmp"
         tmp.write_bytes(cluster.kubeconfig.read_bytes())
         tmp.chmod(0o600)
         os.replace(tmp, state / "kubeconfig")
+        node = ""
+        if cluster.real_node is not None:
+            node = f"; real node {cluster.real_node.net.node_ip}, pods reach {cluster.pod_server}"
         print(
-            f"cluster ready in {cluster.timings['total']:.1f}s at {cluster.server} "
+            f"cluster ready in {cluster.timings['total']:.1f}s at {cluster.server}{node} "
             f"(workdir {cluster.workdir})",
             flush=True,
         )
@@ -66,18 +93,22 @@ def cmd_run(state: Path, nodes: int) -> int:
                 print(f"control-plane process(es) exited: {dead}; stopping", flush=True)
                 break
     (state / "kubeconfig").unlink(missing_ok=True)
+    (state / "realnode-containerd.sock").unlink(missing_ok=True)
+    if cluster.teardown_leftovers:
+        print(f"cluster stopped; left behind: {cluster.teardown_leftovers}", flush=True)
+        return 1
     print("cluster stopped", flush=True)
     return 0
 
 
-def cmd_up(state: Path, nodes: int, timeout: float) -> int:
+def cmd_up(state: Path, nodes: int, timeout: float, real_node: bool = False) -> int:
     kubeconfig = state / "kubeconfig"
     export = f"export KUBECONFIG={kubeconfig.resolve()}"
     if _read_pid(state) is not None and kubeconfig.exists():
         print(f"cluster already running.\n{export}")
         return 0
     try:  # provision in the foreground so build errors and progress reach the terminal
-        resolve([*_CONTROL_PLANE, "kubectl"])
+        resolve([*_binaries(real_node), "kubectl"])
     except ProvisionError as exc:
         print(f"cluster-up: {exc}", file=sys.stderr)
         return 1
@@ -94,6 +125,7 @@ def cmd_up(state: Path, nodes: int, timeout: float) -> int:
                 str(state),
                 "--nodes",
                 str(nodes),
+                *(["--real-node"] if real_node else []),
             ],
             stdin=subprocess.DEVNULL,
             stdout=out,
@@ -154,12 +186,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-dir", type=Path, default=Path(".cluster"))
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=180.0)
+    parser.add_argument(
+        "--real-node",
+        action="store_true",
+        help="add one real kubelet + containerd node beside the kwok ones (needs root)",
+    )
     args = parser.parse_args(argv)
     args.state_dir.mkdir(parents=True, exist_ok=True)
     if args.action == "run":
-        return cmd_run(args.state_dir, args.nodes)
+        return cmd_run(args.state_dir, args.nodes, args.real_node)
     if args.action == "up":
-        return cmd_up(args.state_dir, args.nodes, args.timeout)
+        # Importing images (~30 s each) comes before the kubeconfig is published.
+        timeout = args.timeout + (240.0 if args.real_node else 0.0)
+        return cmd_up(args.state_dir, args.nodes, timeout, args.real_node)
     return cmd_down(args.state_dir, args.timeout)
 
 

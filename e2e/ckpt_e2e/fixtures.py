@@ -14,6 +14,7 @@ import re
 import secrets
 import shutil
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from .podruntime import CommandFactory, PodRuntime
 from .procs import wait_for
 from .provision import ProvisionError, resolve
 
-__all__ = ["ClusterHandle", "cluster", "k8s_api", "kubectl", "namespace", "pod_runtime"]
+__all__ = ["ClusterHandle", "cluster", "fresh_namespace", "k8s_api", "kubectl", "namespace", "pod_runtime"]
 
 CONTROL_PLANE = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"]
 
@@ -79,11 +80,12 @@ def _namespace_name(test_name: str) -> str:
     return f"{stem or 't'}-{secrets.token_hex(3)}"
 
 
-@pytest.fixture
-def namespace(request: pytest.FixtureRequest, k8s_api: client.ApiClient) -> Iterator[str]:
-    """A fresh namespace, ready for pods (its `default` ServiceAccount exists)."""
-    core = client.CoreV1Api(k8s_api)
-    name = _namespace_name(request.node.name)
+@contextmanager
+def fresh_namespace(api: client.ApiClient, test_name: str) -> Iterator[str]:
+    """A new namespace named after the test, ready for pods (its `default` ServiceAccount
+    exists); deleted after the block."""
+    core = client.CoreV1Api(api)
+    name = _namespace_name(test_name)
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
 
     def default_sa() -> bool:
@@ -91,9 +93,18 @@ def namespace(request: pytest.FixtureRequest, k8s_api: client.ApiClient) -> Iter
         return any(sa.metadata is not None and sa.metadata.name == "default" for sa in accounts)
 
     wait_for(default_sa, 30, f"ServiceAccount {name}/default")
-    yield name
-    # Deletion is asynchronous (the namespace controller drains it); tests never reuse names.
-    core.delete_namespace(name)
+    try:
+        yield name
+    finally:
+        # Deletion is asynchronous (the namespace controller drains it); tests never reuse names.
+        core.delete_namespace(name)
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest, k8s_api: client.ApiClient) -> Iterator[str]:
+    """A fresh namespace, ready for pods (its `default` ServiceAccount exists)."""
+    with fresh_namespace(k8s_api, request.node.name) as name:
+        yield name
 
 
 @pytest.fixture

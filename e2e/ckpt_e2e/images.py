@@ -465,9 +465,9 @@ def build_all(names: Sequence[str] | None = None, force: bool = False) -> list[B
 # -- running ----------------------------------------------------------------------------------------
 
 _WRAPPER = '''#!{python} -I
-"""OCI runtime wrapper for podman on these VMs: setting rlimits on a container's process is refused
-here, so drop process.rlimits from the bundle's config.json, then run runc with the same arguments.
-Written by ckpt_e2e.images."""
+"""OCI runtime wrapper for these VMs: setting rlimits on a container's process is refused here (and,
+under containerd, writing its oom_score_adj), so drop process.{keys} from the bundle's
+config.json, then run runc with the same arguments. Written by ckpt_e2e.images."""
 import json, os, sys
 
 args = sys.argv[1:]
@@ -482,7 +482,8 @@ if bundle is not None:
     if os.path.exists(path):
         with open(path) as f:
             config = json.load(f)
-        if config.get("process", {{}}).pop("rlimits", None) is not None:
+        process = config.get("process", {{}})
+        if [process.pop(key) for key in {drop!r} if key in process]:
             with open(path + ".tmp", "w") as f:
                 json.dump(config, f)
             os.replace(path + ".tmp", path)
@@ -490,11 +491,13 @@ os.execv({runc!r}, [{runc!r}, *args])
 '''
 
 
-def runtime_wrapper() -> Path:
-    """The runc wrapper under the cache dir, (re)written when its content would differ."""
+def runtime_wrapper(drop: tuple[str, ...] = ("rlimits",)) -> Path:
+    """The runc wrapper that drops `drop` from the bundle's process, under the cache dir,
+    (re)written when its content would differ. podman needs rlimits gone; containerd's CRI also
+    sets oomScoreAdj (the real node, realnode.py)."""
     runc = require_tools()["runc"]
-    path = images_dir() / "runtime" / "runc-no-rlimits"
-    body = _WRAPPER.format(python=sys.executable, runc=str(runc))
+    path = images_dir() / "runtime" / ("runc-no-" + "-".join(k.lower() for k in drop))
+    body = _WRAPPER.format(python=sys.executable, runc=str(runc), keys="/".join(drop), drop=drop)
     if not path.exists() or path.read_text() != body:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")

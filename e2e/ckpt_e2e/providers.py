@@ -16,7 +16,12 @@ serves) it reads the same way on both.
 | restart kube-apiserver | stop and start the process | skipped (not our control plane) |
 | freeze the source | SIGSTOP/SIGCONT `serve` | the same, through `kubectl exec` |
 
-In both, a crashed worker's pod is replaced by its Deployment: the replacement boots on the
+A third, `real-node` (realnode_env.py, ``provider`` parametrized indirectly), is the existing
+provider on the local control plane's real kubelet node: chart-installed operator pod,
+worker-image pods reached by pod IP, `serve` on the node's host address (frozen with SIGSTOP),
+kube-apiserver restarted as on the local provider.
+
+In all, a crashed worker's pod is replaced by its Deployment: the replacement boots on the
 fleet's initial version and the rollout brings it to the target.
 """
 
@@ -125,15 +130,19 @@ class Provider(ABC):
         initial_version: str = "v1",
         big: bool = False,
         extra_args: list[str] | None = None,
+        at_rest: bool = True,
     ) -> WorkerFleet:
         """A worker Deployment whose agents boot on ``initial_version``; returns once every
-        agent has finished that boot load (a scenario starts from a fleet at rest)."""
+        agent has finished that boot load (a scenario starts from a fleet at rest), or, with
+        ``at_rest=False``, once every agent answers (its boot load may still run)."""
         fleet = self._start_fleet(replicas, name, initial_version, [*(extra_args or []), *model_flags(big)])
+        if not at_rest:
+            return fleet
 
-        def at_rest() -> bool:
+        def resting() -> bool:
             return all(agent_state(w, fleet.token) == AgentState.IDLE for w in fleet.workers(replicas))
 
-        wait_for(at_rest, 120, f"{replicas} agents done loading {initial_version}", interval=0.2)
+        wait_for(resting, 120, f"{replicas} agents done loading {initial_version}", interval=0.2)
         return fleet
 
     @abstractmethod
@@ -331,6 +340,11 @@ class ExistingFleet:
         self.forwards[uid] = PortForward(proc, port)
         return self.forwards[uid]
 
+    def _worker(self, pod: dict[str, Any]) -> Worker | None:
+        """Where the test reaches this pod's agent: a port-forward (pod IPs are the cluster's)."""
+        fwd = self._forward(pod["metadata"]["name"], pod["metadata"]["uid"])
+        return None if fwd is None else Worker(pod["metadata"]["name"], "127.0.0.1", fwd.port)
+
     def workers(self, count: int) -> list[Worker]:
         selector = ",".join(f"{k}={v}" for k, v in self.labels.items())
 
@@ -345,10 +359,9 @@ class ExistingFleet:
                 return None
             workers = []
             for pod in running:
-                fwd = self._forward(pod["metadata"]["name"], pod["metadata"]["uid"])
-                if fwd is None:
+                worker = self._worker(pod)
+                if worker is None:
                     return None
-                worker = Worker(pod["metadata"]["name"], "127.0.0.1", fwd.port)
                 try:
                     http_json(worker.url("/v1/status"), token=self.token, timeout=2)
                 except OSError:
@@ -542,15 +555,18 @@ def scenario_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def provider(
-    request: pytest.FixtureRequest,
-    cluster: ClusterHandle,
-    namespace: str,
-    kubectl: Kubectl,
-    rollouts: Rollouts,
-    tmp_path: Path,
-) -> Iterator[Provider]:
-    """The local provider, or the existing-cluster one when CKPT_E2E_KUBECONFIG is set."""
+def provider(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Provider]:
+    """The local provider, or the existing-cluster one when CKPT_E2E_KUBECONFIG is set; with
+    ``@pytest.mark.parametrize("provider", ["local", "real-node"], indirect=True)`` also the
+    real node's (realnode_env.py: the chart's operator pod, worker-image pods under a kubelet),
+    which brings its own cluster and namespace."""
+    if getattr(request, "param", "local") == "real-node":
+        yield request.getfixturevalue("real_node_provider")
+        return
+    cluster: ClusterHandle = request.getfixturevalue("cluster")
+    namespace: str = request.getfixturevalue("namespace")
+    kubectl: Kubectl = request.getfixturevalue("kubectl")
+    rollouts: Rollouts = request.getfixturevalue("rollouts")
     chosen: Provider
     if cluster.local is not None:
         source = request.getfixturevalue("checkpoint_source")

@@ -93,13 +93,15 @@ def publish_reference_version(
 
 
 @contextmanager
-def serve_checkpoints(root: Path, log_dir: Path) -> Iterator[CheckpointSource]:
-    (port,) = free_ports(1)
+def serve_checkpoints(root: Path, log_dir: Path, host: str = "127.0.0.1") -> Iterator[CheckpointSource]:
+    """`ckpt-rollout serve ROOT` on ``host`` (loopback; the real node's pods reach the host end
+    of its veth instead)."""
+    (port,) = free_ports(1, host)
     proc = spawn(
-        [*CLI, "serve", str(root), "--host", "127.0.0.1", "--port", str(port)],
-        log_dir / "source.log",
+        [*CLI, "serve", str(root), "--host", host, "--port", str(port)],
+        log_dir / f"source-{host}.log" if host != "127.0.0.1" else log_dir / "source.log",
     )
-    source = CheckpointSource(root=root, url=f"http://127.0.0.1:{port}", proc=proc)
+    source = CheckpointSource(root=root, url=f"http://{host}:{port}", proc=proc)
     try:
         wait_for(lambda: _ok(f"{source.url}/healthz"), 30, "checkpoint source /healthz")
         yield source

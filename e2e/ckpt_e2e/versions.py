@@ -51,6 +51,10 @@ COMPONENTS: tuple[Component, ...] = (
             "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
             "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
             "kubectl": "k8s.io/kubernetes/cmd/kubectl",
+            # The real node beside kwok (realnode.py): built from this same wrapper module, so
+            # its version is the control plane's and the shared packages compile once.
+            "kubelet": "k8s.io/kubernetes/cmd/kubelet",
+            "kube-proxy": "k8s.io/kubernetes/cmd/kube-proxy",
         },
         ldflags=_k8s_ldflags(KUBERNETES),
     ),

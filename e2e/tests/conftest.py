@@ -3,6 +3,7 @@
 from ckpt_e2e.fixtures import cluster, k8s_api, kubectl, namespace, pod_runtime
 from ckpt_e2e.image_fixtures import built_images, pytest_terminal_summary
 from ckpt_e2e.providers import provider, scenario_catalog
+from ckpt_e2e.realnode_env import real_cluster, real_node_env, real_node_provider
 from ckpt_e2e.rollout_fixtures import (
     checkpoint_source,
     crd_installed,
@@ -26,6 +27,9 @@ __all__ = [
     "pod_runtime",
     "provider",
     "pytest_terminal_summary",
+    "real_cluster",
+    "real_node_env",
+    "real_node_provider",
     "rollouts",
     "scenario_catalog",
 ]

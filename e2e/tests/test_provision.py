@@ -70,7 +70,40 @@ def test_missing_go_names_binary_step_and_retry(monkeypatch: pytest.MonkeyPatch,
 
 def test_unknown_binary_is_rejected() -> None:
     with pytest.raises(provision.ProvisionError, match="unknown"):
-        provision.resolve(["kubelet"])
+        provision.resolve(["kubeadm"])
+
+
+def test_only_missing_binaries_of_a_component_are_built(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """kubelet and kube-proxy live in the control plane's wrapper module: a cache that has the
+    control plane links only those two, not every binary of the module again."""
+    k8s = versions.BINARIES["kubelet"]
+    assert versions.BINARIES["kube-proxy"] is k8s is versions.BINARIES["kube-apiserver"]
+    for name in k8s.packages:
+        if name not in ("kubelet", "kube-proxy"):
+            _executable(provision.cached_path(name))
+    built: list[list[str]] = []
+
+    def fake_go(cmd: list[str], cwd: Path, log: object, jobs: int = 1) -> str:
+        if cmd[1] == "build":
+            built.append([a for a in cmd if a.startswith("k8s.io/kubernetes/cmd/")])
+            out = Path(cmd[cmd.index("-o") + 1])
+            for pkg in built[-1]:
+                _executable(out / provision._go_binary_name(pkg))
+        return ""
+
+    monkeypatch.setattr(provision, "_run_go", fake_go)
+    monkeypatch.setattr(provision, "_wrapper_gomod", lambda component: "module x\n")
+    monkeypatch.setattr("ckpt_e2e.provision.shutil.which", lambda name: "/usr/bin/go")
+    found = provision.resolve(["kube-apiserver", "kubelet", "kube-proxy"])
+    assert built == [["k8s.io/kubernetes/cmd/kubelet", "k8s.io/kubernetes/cmd/kube-proxy"]]
+    assert found["kubelet"] == provision.cached_path("kubelet")
+    assert provision.resolve(["kubelet", "kube-proxy"]) == {
+        "kubelet": provision.cached_path("kubelet"),
+        "kube-proxy": provision.cached_path("kube-proxy"),
+    }
+    assert len(built) == 1, "cached now"
 
 
 def test_wrapper_replaces_every_published_staging_module(

@@ -2,9 +2,12 @@
 
 Cluster-agnostic: the local control plane by default (kwok pods running real agents, the
 operator as a process), any cluster with CKPT_E2E_KUBECONFIG (e2e/kind/run.sh: the chart's
-operator, worker-image pods); see ckpt_e2e.providers for what differs. Every scenario asserts
-on the CR status, on the events, and on what each worker actually serves (/v1/infer against
-the published weights), plus how many loads each agent accepted where double work matters.
+operator, worker-image pods); see ckpt_e2e.providers for what differs. Each scenario runs a
+second time on the local control plane's real kubelet node with what the kind path installs (the
+chart's operator pod, worker-image pods; ckpt_e2e.realnode_env): CI's run of the users' path.
+Every scenario asserts on the CR status, on the events, and on what each worker actually
+serves (/v1/infer against the published weights), plus how many loads each agent accepted where
+double work matters.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from ckpt_e2e.kubectl import Kubectl
 from ckpt_e2e.procs import wait_for
 from ckpt_e2e.providers import Provider, WorkerFleet
 from ckpt_e2e.rollout_env import (
@@ -26,7 +28,14 @@ from ckpt_e2e.rollout_env import (
     serving_versions,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.scenario]
+# Every scenario twice: kwok pods with agent processes and the operator as a process ("local",
+# or the cluster CKPT_E2E_KUBECONFIG names), and the real node's chart-installed operator pod and
+# worker-image pods ("real-node", skipped on another cluster).
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.scenario,
+    pytest.mark.parametrize("provider", ["local", "real-node"], indirect=True),
+]
 
 NAME = "fleet"
 SMALL = ("v1", "v2", "v3")
@@ -83,7 +92,8 @@ def _loading(provider: Provider, fleet: WorkerFleet, workers: dict[str, Worker],
 HELD = {"pauseAfterWave": [0], "peerRelay": False}  # + promote inside source_stalled(): wave 2 held
 
 
-def test_happy_path(provider: Provider, kubectl: Kubectl) -> None:
+def test_happy_path(provider: Provider) -> None:
+    kubectl = provider.kubectl
     fleet = provider.fleet(5)
     workers = fleet.workers(5)
     assert set(_serving(provider, fleet, workers, SMALL).values()) == {"v1"}
@@ -211,6 +221,9 @@ def test_agent_killed_mid_load(provider: Provider) -> None:
         provider.cli("promote", NAME)
         victim, _ = _loading(provider, fleet, workers, 1)
         provider.crash_worker(fleet, victim)
+        # Its replacement answers before the wave can end (its boot load waits for the source
+        # too): a real pod takes seconds to start, a kwok pod none, and the rollout must see it.
+        fleet.workers(3)
 
     status = provider.rollouts.wait_phase(NAME, ENDED, timeout=240)
     assert status["phase"] == "Succeeded", _why(status)
