@@ -13,6 +13,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from ckpt_api.vocabulary import ConditionStatus, KubeConditionType
+
 
 class ApiError(RuntimeError):
     def __init__(self, status: int, body: str) -> None:
@@ -49,3 +51,19 @@ class KubeAPI:
         except (ApiError, OSError):
             return False
         return True
+
+
+def condition_status(obj: dict[str, Any], kind: str) -> str | None:
+    """The status ("True", "False", "Unknown") of an object's condition of that type, if any."""
+    status = obj.get("status")
+    if not isinstance(status, dict):
+        return None
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == kind:
+            return str(cond.get("status"))
+    return None
+
+
+def is_ready(obj: dict[str, Any]) -> bool:
+    """A node's or pod's Ready condition is True."""
+    return condition_status(obj, KubeConditionType.READY) == ConditionStatus.TRUE

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import images
-from .kubeapi import ApiError, KubeAPI
+from .kubeapi import ApiError, KubeAPI, is_ready
 from .nodenet import NodeNetwork, stale_claims
 from .procs import WaitTimeout, descendants, pid_alive, spawn, stop, wait_for
 from .provision import file_lock
@@ -430,8 +430,7 @@ class RealNode:
                 node = api.request("GET", f"/api/v1/nodes/{NODE_NAME}")
             except (ApiError, OSError):
                 return False
-            conds = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
-            return conds.get("Ready") == "True"
+            return is_ready(node)
 
         try:
             wait_for(ready, self.start_timeout, f"node {NODE_NAME} Ready", interval=0.5)

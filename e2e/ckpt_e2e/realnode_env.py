@@ -37,6 +37,7 @@ from . import images
 from .cluster import ClusterOptions, LocalCluster
 from .fixtures import CONTROL_PLANE, ClusterHandle, _kubectl_binary, fresh_namespace
 from .images import Built
+from .kubeapi import is_ready
 from .kubectl import Kubectl
 from .providers import (
     CHART,
@@ -240,5 +241,4 @@ def real_node_provider(
         api.close()  # type: ignore[no-untyped-call]
 
 
-def pod_ready(pod: dict[str, Any]) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
+pod_ready = is_ready

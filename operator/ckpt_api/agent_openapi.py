@@ -193,7 +193,21 @@ ENDPOINTS: tuple[Endpoint, ...] = (
 _AUTH_ERRORS: dict[int, tuple[str, Body]] = {
     401: ("No bearer token, or one that is not valid for this agent", ErrorBody),
     403: ("A valid token of a caller this agent does not allow", ErrorBody),
+    503: ("The token could not be reviewed: the apiserver is away (AuthUnavailable; call again)", ErrorBody),
 }
+
+
+def _with_auth_errors(responses: dict[int, tuple[str, Body]]) -> dict[int, tuple[str, Body]]:
+    merged = dict(responses)
+    for code, (text, body) in _AUTH_ERRORS.items():
+        # An endpoint's own answer with the same code (e.g. infer's 503) keeps its text first.
+        if code not in merged:
+            merged[code] = (text, body)
+            continue
+        own_text, own_body = merged[code]
+        models = tuple(dict.fromkeys((*_body_models(own_body), *_body_models(body))))
+        merged[code] = (f"{own_text}; or: {text}", models[0] if len(models) == 1 else models)
+    return merged
 
 
 def _body_models(body: Body) -> tuple[type[BaseModel], ...]:
@@ -223,7 +237,7 @@ def _content(body: Body) -> dict[str, Any] | None:
 
 
 def _operation(endpoint: Endpoint) -> dict[str, Any]:
-    responses = dict(endpoint.responses) if endpoint.public else {**endpoint.responses, **_AUTH_ERRORS}
+    responses = dict(endpoint.responses) if endpoint.public else _with_auth_errors(endpoint.responses)
     operation: dict[str, Any] = {
         "operationId": endpoint.operation_id,
         "summary": endpoint.summary,

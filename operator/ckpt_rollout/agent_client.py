@@ -10,6 +10,7 @@ import aiohttp
 from pydantic import ValidationError
 
 from ckpt_api.agent_api import AgentStatus, ErrorBody, UpdateWeightsRequest
+from ckpt_api.vocabulary import ErrorCode
 from ckpt_rollout.world import agent_url
 
 
@@ -52,6 +53,12 @@ class CallResult:
     @property
     def busy(self) -> bool:
         return self.status == 409
+
+    @property
+    def deferred(self) -> bool:
+        """The agent could not check our credential (its apiserver is away) and did nothing."""
+        error = self.error_body() if self.status == 503 else None
+        return error is not None and error.error == ErrorCode.AUTH_UNAVAILABLE
 
     def error_body(self) -> ErrorBody | None:
         """The agent's error body, if the answer is one (a proxy's or a non-agent's is not)."""

@@ -9,9 +9,11 @@ from typing import Any
 import pytest
 from agent_testkit import AgentClient, AgentFactory, Tree
 
-from ckpt_agent.auth import bearer_token, decide_token_review
+from ckpt_agent.auth import AuthDecision, bearer_token, decide_token_review, review_failed
 from ckpt_agent.config import AgentConfig, AuthConfig, ConfigError
+from ckpt_e2e.procs import PortReservation
 
+AUTH_FAILURES = "ckpt_agent_auth_failures_total"
 ENDPOINTS = [
     ("POST", "/v1/update_weights"),
     ("POST", "/v1/pause"),
@@ -110,6 +112,54 @@ def test_token_review_decisions(status: dict[str, Any], code: int) -> None:
     decision = decide_token_review(status, "ckpt-rollout-agent", {SA})
     assert decision.status == code
     assert decision.reason
+
+
+@pytest.mark.parametrize(
+    ("http_status", "code", "reason"),
+    [
+        (None, 503, "token review unavailable"),  # no connection: the apiserver is away
+        (500, 503, "token review unavailable (HTTP 500)"),
+        (503, 503, "token review unavailable (HTTP 503)"),
+        (429, 503, "token review unavailable (HTTP 429)"),
+        (403, 401, "token review refused (HTTP 403)"),  # the agent's own RBAC: not transient
+        (401, 401, "token review refused (HTTP 401)"),
+    ],
+)
+def test_a_token_review_without_an_answer_is_transient_only_when_the_apiserver_is(
+    http_status: int | None, code: int, reason: str
+) -> None:
+    assert review_failed(http_status) == AuthDecision(code, reason)
+
+
+async def test_an_agent_whose_apiserver_is_away_answers_503_auth_unavailable(
+    tree: Tree, agent_factory: AgentFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The apiserver's port refuses connections (held, nobody listening): the agent cannot
+    review the caller's token, so it says so as a retryable 503, not as a 401 that would fail
+    the caller's rollout, and it does nothing."""
+    with PortReservation(1) as held:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+            f"clusters: [{{name: k, cluster: {{server: 'http://127.0.0.1:{held.ports[0]}'}}}}]\n"
+            "users: [{name: u, user: {token: agent}}]\n"
+            "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+        )
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        client = await agent_factory(
+            source=tree.file_uri,
+            auth=AuthConfig(tokenreview_audience="ckpt-rollout-agent", allowed_usernames=(SA,)),
+            token="a-pod-bound-token",
+        )
+        service = client.agent.service
+        live_before = service.live
+        code, body = await client.update("v2")
+        assert (code, body["error"]) == (503, "AuthUnavailable"), body
+        assert body["message"] == "token review unavailable"
+        assert service.live is live_before, "nothing was loaded"
+        registry = service.metrics.registry
+        assert registry.get_sample_value(AUTH_FAILURES, {"reason": "unavailable"}) == 1
+        assert registry.get_sample_value(AUTH_FAILURES, {"reason": "invalid"}) is None
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,7 @@ OPEN_PATHS = frozenset({"/healthz", OPENAPI_PATH})
 
 @dataclass(frozen=True)
 class AuthDecision:
-    status: int  # 200 allowed, 401, 403
+    status: int  # 200 allowed, 401, 403, or 503 when the token could not be reviewed
     reason: str
     username: str | None = None
 
@@ -101,6 +101,18 @@ def decide_token_review(
     return AuthDecision(200, "token review", username)
 
 
+def review_failed(http_status: int | None) -> AuthDecision:
+    """The decision when a TokenReview got no answer (None: no connection) or an HTTP error."""
+    if http_status is None or http_status == 429 or http_status >= 500:
+        # The apiserver is away or overloaded: nothing was decided about the caller, who may
+        # call again (503, not the 401 that would fail a rollout's worker for good).
+        suffix = "" if http_status is None else f" (HTTP {http_status})"
+        return AuthDecision(503, f"token review unavailable{suffix}")
+    # The apiserver refused our own review (e.g. the agent's RBAC lacks tokenreviews create):
+    # calling again will not help, so say so.
+    return AuthDecision(401, f"token review refused (HTTP {http_status})")
+
+
 class TokenReviewAuthenticator:
     """Asks the apiserver; caches answers briefly so a rollout's polling does not flood it."""
 
@@ -142,10 +154,10 @@ class TokenReviewAuthenticator:
                 response.release()
         except ApiException as exc:
             log.warning("TokenReview failed: %s %s", exc.status, exc.reason)
-            return AuthDecision(401, f"token review unavailable (HTTP {exc.status})")
+            return review_failed(exc.status)
         except (OSError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
             log.warning("TokenReview failed: %r", exc)
-            return AuthDecision(401, "token review unavailable")
+            return review_failed(None)
         status = payload.get("status") if isinstance(payload, dict) else None
         status = status if isinstance(status, dict) else {}
         decision = decide_token_review(status, self._audience, self._allowed)
@@ -156,6 +168,21 @@ class TokenReviewAuthenticator:
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class _Rejection:
+    error: ErrorCode
+    metric: str  # the `reason` label of the auth-failure counter
+    headers: dict[str, str]
+
+
+_REJECTIONS = {
+    401: _Rejection(ErrorCode.UNAUTHORIZED, "invalid", {"WWW-Authenticate": 'Bearer error="invalid_token"'}),
+    403: _Rejection(ErrorCode.FORBIDDEN, "forbidden", {}),
+    # Not the caller's fault and nothing was done: it may call again (the operator does).
+    503: _Rejection(ErrorCode.AUTH_UNAVAILABLE, "unavailable", {"Retry-After": "1"}),
+}
 
 
 def auth_middleware(
@@ -177,13 +204,10 @@ def auth_middleware(
             )
         decision = await authenticator.authenticate(token)
         if not decision.allowed:
-            on_reject("forbidden" if decision.status == 403 else "invalid")
-            body = {
-                "error": ErrorCode.FORBIDDEN if decision.status == 403 else ErrorCode.UNAUTHORIZED,
-                "message": decision.reason,
-            }
-            headers = {"WWW-Authenticate": 'Bearer error="invalid_token"'} if decision.status == 401 else {}
-            return web.json_response(body, status=decision.status, headers=headers)
+            reject = _REJECTIONS.get(decision.status, _REJECTIONS[401])
+            on_reject(reject.metric)
+            body = {"error": reject.error, "message": decision.reason}
+            return web.json_response(body, status=decision.status, headers=reject.headers)
         return await handler(request)
 
     return middleware
