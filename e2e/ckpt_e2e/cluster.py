@@ -33,14 +33,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import TextIO
 
-from ckpt_api.vocabulary import ConditionStatus, KubeConditionType
-
 from . import versions
-from .kubeapi import ApiError, KubeAPI
+from .kubeapi import ApiError, KubeAPI, is_ready
 from .kwok_stages import stages_yaml
 from .nodenet import NodeNetwork
 from .pki import CertPair, ClusterPKI
-from .procs import WaitTimeout, free_ports, spawn, stop, wait_for
+from .procs import PortReservation, WaitTimeout, spawn, stop, wait_for
 from .realnode import NODE_NAME as REAL_NODE_NAME
 from .realnode import RealNode
 from .realnode import sweep_stale as sweep_stale_nodes
@@ -89,6 +87,9 @@ class LocalCluster:
         self.workdir = self.options.workdir or Path(tempfile.mkdtemp(prefix="ckpt-e2e-"))
         self.kubeconfig = self.workdir / "admin.kubeconfig"
         self.ports: dict[str, int] = {}
+        # etcd and the kube-* servers take no port 0 they could report: their ports stay held
+        # (see PortReservation) for the cluster's life, an apiserver restart included.
+        self._port_hold: PortReservation | None = None
         self.timings: dict[str, float] = {}
         self.server = ""
         self.cidr_base = self.options.cidr_base or 0
@@ -136,6 +137,8 @@ class LocalCluster:
         for lock in self._octet_locks:
             lock.close()  # releases the flock: the pod IP range is free again
         self._octet_locks.clear()
+        if self._port_hold is not None:
+            self._port_hold.release()
         if self._own_workdir and not self.options.keep_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -175,7 +178,8 @@ class LocalCluster:
             self.cidr_base, self._octet_locks = _claim_octets(self.options.nodes)
         self.pki = ClusterPKI(wd / "pki")
         names = ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler")
-        self.ports = dict(zip(names, free_ports(len(names)), strict=True))
+        self._port_hold = PortReservation(len(names))
+        self.ports = dict(zip(names, self._port_hold.ports, strict=True))
         self.server = f"https://{LOOPBACK}:{self.ports['apiserver']}"
         ips, dns = [LOOPBACK], ["localhost", "kubernetes.default.svc"]
         if self.options.real_node:
@@ -446,7 +450,7 @@ class LocalCluster:
             fake = [
                 n for n in items if (n["metadata"].get("annotations") or {}).get(NODE_ANNOTATION) == "fake"
             ]
-            ready = [n for n in fake if _condition(n, KubeConditionType.READY) == ConditionStatus.TRUE]
+            ready = [n for n in fake if is_ready(n)]
             return len(ready) == self.options.nodes
 
         self._wait(by_name["kwok"], nodes_ready, f"{self.options.nodes} kwok nodes Ready")
@@ -531,16 +535,6 @@ def _http_ok(url: str) -> bool:
             return bool(200 <= resp.status < 300)
     except OSError:
         return False
-
-
-def _condition(obj: dict[str, object], kind: str) -> str | None:
-    status = obj.get("status")
-    if not isinstance(status, dict):
-        return None
-    for cond in status.get("conditions") or []:
-        if cond.get("type") == kind:
-            return str(cond.get("status"))
-    return None
 
 
 def _tail(path: Path, lines: int = 30) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -99,18 +100,81 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """Ports the kernel reports free right now (held together so they are distinct)."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
+class PortReservation:
+    """Ports kept bound (never listening) with SO_REUSEADDR, for children that cannot bind port 0
+    and report it (etcd, kube-apiserver, the operator's probe ports).
+
+    While held, the kernel gives these ports to no one else (no bind to port 0, no outgoing
+    connection's local port, no explicit bind without SO_REUSEADDR), yet a child that binds them
+    with SO_REUSEADDR, as Go's, asyncio's and http.server's listeners all do, still can; and a
+    connection to a held port nobody listens on is refused. Hold it as long as the children may
+    need the ports (a restart binds them again); `release` or the context's end frees them.
+    """
+
+    def __init__(self, count: int, host: str = "127.0.0.1") -> None:
+        self._socks: list[socket.socket] = []
+        try:
+            for _ in range(count):
+                s = socket.socket()
+                self._socks.append(s)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind((host, 0))
+        except BaseException:
+            self.release()
+            raise
+        self.ports: list[int] = [int(s.getsockname()[1]) for s in self._socks]
+
+    def release(self) -> None:
+        for s in self._socks:
             s.close()
+        self._socks.clear()
+
+    def __enter__(self) -> PortReservation:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.release()
+
+
+# What serve_until_signalled prints once a server listens: "<banner> on http://host:port".
+_ANNOUNCED_URL = re.compile(r" on (https?://[^\s/]+)$")
+
+
+def spawn_server(
+    argv: Sequence[str | os.PathLike[str]],
+    log_path: Path,
+    what: str,
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float = 60.0,
+) -> tuple[subprocess.Popen[bytes], str]:
+    """`spawn` a server told to bind port 0 (`--port 0`); return it with the URL it announces.
+
+    No port is picked beforehand, so none can be taken meanwhile. Fails with the log's tail if
+    the child exits before announcing, and stops the child if the wait fails.
+    """
+    start = log_path.stat().st_size if log_path.exists() else 0  # the log is appended to
+    proc = spawn(argv, log_path, env=env, cwd=cwd)
+
+    def announced() -> str | None:
+        exited = proc.poll()
+        text = log_path.read_bytes()[start:].decode(errors="replace")
+        for line in text.splitlines():
+            match = _ANNOUNCED_URL.search(line.rstrip())
+            if match:
+                return match.group(1)
+        if exited is not None:
+            raise RuntimeError(
+                f"{what} exited with {exited} before listening; log tail ({log_path}):\n{text[-3000:]}"
+            )
+        return None
+
+    try:
+        return proc, wait_for(announced, timeout, f"{what} to announce its URL")
+    except BaseException:
+        stop(proc)
+        raise
 
 
 def listening_ports(pids: set[int] | None = None) -> set[tuple[str, int]]:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from ckpt_e2e.dockerfile import copy_file_set, entrypoint
-from ckpt_e2e.procs import free_ports, wait_for
+from ckpt_e2e.procs import spawn_server
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "checkpointrollouts.rollout.ckpt.dev.yaml"
@@ -129,39 +129,27 @@ def running_agent(agent_venv: Venv, tmp_path: Path) -> Iterator[tuple[str, str]]
     token = "file-set-test-token"
     token_file = tmp_path / "token"
     token_file.write_text(token)
-    (port,) = free_ports(1)
     flags = [
         "--engine",
         "null",
         "--host",
         "127.0.0.1",
         "--port",
-        str(port),
+        "0",
+        # No separate metrics listener: its default port (8090) is fixed, so shared machine-wide.
+        "--metrics-port",
+        "0",
         "--auth-token-file",
         str(token_file),
     ]
     argv = [*agent_venv.command(ROOT / "worker_image" / "Dockerfile"), *flags]
-    log = tmp_path / "agent.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-        )
-    url = f"http://127.0.0.1:{port}"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    proc, url = spawn_server(argv, tmp_path / "agent.log", "slim agent", env=env, timeout=30)
     try:
-        wait_for(lambda: _answers(f"{url}/healthz") or proc.poll() is not None, 30, "slim agent /healthz")
-        assert proc.poll() is None, log.read_text()
         yield url, token
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=15)
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1):
-            return True
-    except OSError:
-        return False
 
 
 def test_agent_entrypoint_serves_the_control_api(running_agent: tuple[str, str]) -> None:

@@ -20,7 +20,7 @@ from ckpt_e2e import images
 from ckpt_e2e.dockerfile import copied_sources
 from ckpt_e2e.images import Built, Container
 from ckpt_e2e.launchers import ContainerLauncher
-from ckpt_e2e.procs import free_ports, spawn, stop, wait_for
+from ckpt_e2e.procs import PortReservation, spawn, stop, wait_for
 
 # A cold build of every image takes minutes (paddle alone is ~1 GB installed); the session
 # fixture that builds them runs inside the first test's timeout.
@@ -255,7 +255,8 @@ def _loopback_agent_flags(port: int) -> list[str]:
 @contextmanager
 def _agent_container(built: Built, args: list[str], token_file: Path, log: Path) -> Iterator[str]:
     """The worker image's agent on a loopback port of the host network; yields its base URL."""
-    (port,) = free_ports(1)
+    held = PortReservation(1)  # held while the container runs: see PortReservation
+    (port,) = held.ports
     flags = [
         *_loopback_agent_flags(port),
         "--auth-token-file",
@@ -272,6 +273,7 @@ def _agent_container(built: Built, args: list[str], token_file: Path, log: Path)
         code = stop(proc, grace=15)
         assert launch.cleanup is not None
         launch.cleanup()
+        held.release()
     assert code == 0, f"agent did not stop cleanly on SIGTERM (exit {code}):\n{log.read_text()[-3000:]}"
 
 
@@ -315,7 +317,8 @@ def test_a_killed_container_is_gone_after_cleanup(built_images: dict[str, Built]
     """`Launch.kill` is SIGKILL to the container's process (the podman client is only a viewer),
     and `cleanup` leaves no container behind: what OperatorProcess.kill and PodRuntime rely on."""
     built = built_images["worker-slim"]
-    (port,) = free_ports(1)
+    held = PortReservation(1)
+    (port,) = held.ports
     args = [
         *_loopback_agent_flags(port),
         "--engine",
@@ -333,6 +336,7 @@ def test_a_killed_container_is_gone_after_cleanup(built_images: dict[str, Built]
         assert proc.wait(timeout=30) == 128 + 9  # podman reports the container's SIGKILL
     finally:
         stop(proc)
+        held.release()
         assert launch.cleanup is not None
         launch.cleanup()
     assert images.containers(built.tag) == []

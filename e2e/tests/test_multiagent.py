@@ -17,7 +17,7 @@ from ckpt_api.status import CheckpointRolloutStatus, WorkerStatus
 from ckpt_api.vocabulary import WEIGHTS_READY_CONDITION, WorkerPhase
 from ckpt_e2e.multiagent import HostedPod, MultiAgentHost, request_kind
 from ckpt_e2e.nullfleet import NullFleet
-from ckpt_e2e.procs import free_ports, wait_for
+from ckpt_e2e.procs import PortReservation, wait_for
 from ckpt_e2e.rollout_env import AGENT_PORT, Rollouts, http_json
 
 ROLLOUT = RolloutRef(namespace="ns", name="fleet", uid="u", wave=2)
@@ -53,7 +53,9 @@ def _loopback_ips(count: int) -> list[str]:
 async def test_one_process_serves_each_agent_on_its_own_ip(tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text("s3cret")
-    (port,) = free_ports(1)
+    # Held on the wildcard address: that keeps the port from others on every pod IP too.
+    held = PortReservation(1, host="0.0.0.0")
+    (port,) = held.ports
     pods = [HostedPod(f"w-{i}", "ns", ip) for i, ip in enumerate(_loopback_ips(3))]
     host = MultiAgentHost(pods, token_file=token_file, initial_version="v0", port=port, report=False)
     await host.start()
@@ -89,6 +91,7 @@ async def test_one_process_serves_each_agent_on_its_own_ip(tmp_path: Path) -> No
         assert stats["api_requests"] == {}, "reporting off: no API client at all"
     finally:
         await host.stop()
+        held.release()
 
 
 async def _status(call: Any, ip: str) -> AgentStatus:

@@ -3,7 +3,6 @@ weights hold, and an agent wired to one."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -45,12 +44,6 @@ async def standins(cls: Callable[..., StandIn]) -> AsyncIterator[Starter]:
     yield start
     for standin in started:
         await standin.server.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def holds(standin: StandIn, tree: Tree, version: str) -> bool:

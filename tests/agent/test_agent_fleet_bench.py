@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 
 import pytest
 
@@ -21,13 +22,14 @@ def _tools_installed() -> None:
     assert missing_prerequisites() is None, missing_prerequisites()
 
 
-def _ours() -> list[str]:
+def _ours(prefix: str = NS_PREFIX) -> list[str]:
+    """Bench namespaces whose names start with `prefix`: give a run's own (`ckfleet<pid>-`), since
+    other runs on the machine (a second checkout's suite) make and remove theirs meanwhile."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
-    return [line.split()[0] for line in out.splitlines() if line.startswith(NS_PREFIX)]
+    return [line.split()[0] for line in out.splitlines() if line.startswith(prefix)]
 
 
 def test_topology_links_members_and_destroys_everything() -> None:
-    before = set(_ours())
     topo = Topology()
     try:
         a, b = topo.add("a", 100), topo.add("b", None)
@@ -45,33 +47,38 @@ def test_topology_links_members_and_destroys_everything() -> None:
         )
         assert reply.stdout.strip() == "pong", reply.stderr
         server.wait(timeout=10)
-        assert set(_ours()) - before == {f"{topo.prefix}-{n}" for n in ("br", "a", "b")}
+        assert set(_ours(topo.prefix + "-")) == {f"{topo.prefix}-{n}" for n in ("br", "a", "b")}
     finally:
         assert topo.destroy() == []
-    assert set(_ours()) == before
+    assert _ours(topo.prefix + "-") == []
 
 
 def test_sweep_removes_namespaces_of_dead_runs() -> None:
-    ghost = f"{NS_PREFIX}999999999-br"  # no such PID
+    # Above any pid_max (no such PID); the suffix keeps a concurrent run's ghost apart from ours.
+    ghost = f"{NS_PREFIX}999999999-{uuid.uuid4().hex[:8]}"
     subprocess.run(["ip", "netns", "add", ghost], check=True)
     assert ghost in sweep_stale()
     assert ghost not in _ours()
 
 
-def test_bench_fleet_smoke(tmp_path: object) -> None:
-    before = set(_ours())
-    done = subprocess.run(
+def test_bench_fleet_smoke() -> None:
+    bench = subprocess.Popen(
         [sys.executable, "-m", "ckpt_rollout.cli", "bench", "fleet", "--hosts", "2", "--link-mbps", "400",
          "--size-mb", "4", "--json"],
-        capture_output=True, text=True, timeout=300, check=False,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    try:
+        stdout, stderr = bench.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        bench.terminate()  # the bench removes its namespaces on SIGTERM
+        stdout, stderr = bench.communicate(timeout=60)
+    assert bench.returncode == 0, stderr[-3000:]
+    result = json.loads(stdout.strip().splitlines()[-1])
     assert {"hosts", "size_mb", "source_only_s", "relay_s", "ideal_relay_s"} <= result.keys()
     assert result["hosts"] == 2
     assert result["fallbacks"] == 0
     assert [w["agents"] for w in result["waves"]] == [1, 1]
-    assert set(_ours()) == before
+    assert _ours(f"{NS_PREFIX}{bench.pid}-") == [], "the bench left namespaces behind"
 
 
 _ECHO_SERVER = """

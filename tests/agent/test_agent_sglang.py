@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 from agent_testkit import AgentFactory, Tree
-from disk_engine_kit import Starter, disk_agent, free_port, holds, resumed_only_whole_versions, standins
+from disk_engine_kit import Starter, disk_agent, holds, resumed_only_whole_versions, standins
 from sglang_standin import SGLangStandIn
 
 from ckpt_agent.cli import build_parser, config_from_args
 from ckpt_agent.config import AgentConfig, ConfigError
 from ckpt_agent.engines.disk_staged import WEIGHTS_LOST_HOLDER, EngineMisconfigured
 from ckpt_agent.engines.sglang import PAUSE_MODES
+from ckpt_e2e.procs import PortReservation
 
 
 def _updates(sglang: SGLangStandIn) -> list[dict[str, Any]]:
@@ -377,7 +378,8 @@ async def test_an_engine_not_up_yet_is_checked_before_the_first_load(
 ) -> None:
     """A sidecar engine boots for minutes: the agent starts without it, and checks it before
     pulling anything for the first load (a misconfigured one fails that load, untouched)."""
-    port = free_port()
+    held = PortReservation(1)  # the stand-in binds it later; nobody else can meanwhile
+    (port,) = held.ports
     url = f"http://127.0.0.1:{port}"
     client = await disk_agent(agent_factory, "sglang", url, tree, tmp_path / "s")
     assert (await client.status())["state"] == "idle"
@@ -390,6 +392,7 @@ async def test_an_engine_not_up_yet_is_checked_before_the_first_load(
     status = await client.wait_settled()
     assert "--sglang-load-format auto" in status["last_error"]["message"]
     assert (status["bytes_done"], sglang.names) == (0, ["model_info"])
+    held.release()
 
 
 def test_sglang_flags_reach_the_config(tmp_path: Path) -> None:

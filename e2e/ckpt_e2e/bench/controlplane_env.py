@@ -25,7 +25,7 @@ from ckpt_api.vocabulary import TERMINAL_PHASES, ConditionStatus, KubeConditionT
 
 from ..cluster import ClusterOptions, LocalCluster
 from ..nullfleet import NullFleet
-from ..procs import free_ports, wait_for
+from ..procs import PortReservation, wait_for
 from ..provision import resolve
 from ..rollout_env import AGENT_PORT, OperatorProcess, Rollouts, http_text, metric_value
 
@@ -106,7 +106,8 @@ class BenchEnv:
         self._stack.enter_context(self.fleet)
         self.timings.update(self.fleet.timings)
 
-        (metrics_port,) = free_ports(1)
+        # The operator's metrics server takes no port 0 it could report: held while it runs.
+        (metrics_port,) = self._stack.enter_context(PortReservation(1)).ports
         self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         self.operator = OperatorProcess(
             self.cluster.kubeconfig,

@@ -35,16 +35,16 @@ def _call(method: str, url: str, body: dict[str, Any] | None = None, timeout: fl
         return json.loads(resp.read() or b"null")
 
 
-def wait_healthy(agents: list[str], limit_s: float) -> None:
+def wait_healthy(servers: list[str], limit_s: float) -> None:
     deadline = time.monotonic() + limit_s
-    for url in agents:
+    for url in servers:
         while True:
             try:
                 _call("GET", url + "/healthz", timeout=2)
                 break
             except (OSError, urllib.error.URLError):
                 if time.monotonic() > deadline:
-                    raise SystemExit(f"agent {url} did not come up in {limit_s}s") from None
+                    raise SystemExit(f"{url} did not come up in {limit_s}s") from None
                 time.sleep(0.2)
 
 
@@ -113,7 +113,8 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     source: str = cfg["source"]
     limit = float(cfg["wave_limit_s"])
     goodput = tcp_goodput(cfg["sink_host"], cfg["sink_port"], cfg["goodput_bytes"])
-    wait_healthy(agents, float(cfg["startup_limit_s"]))
+    # The source too: agents pull from it as soon as the first update arrives.
+    wait_healthy([source, *agents], float(cfg["startup_limit_s"]))
 
     started = time.monotonic()
     wave([(a, {"uri": source}) for a in agents], cfg["versions"][0], limit)

@@ -1,0 +1,160 @@
+"""No half-loaded model serves traffic: `/v1/infer` hammered by concurrent clients while a real
+agent process applies a new version, in both apply modes.
+
+Every answer must be exactly the old version's output or the new one's (both computed with numpy
+from the published directories), or the documented refusal while the apply holds the engine
+paused (503 `EngineUnavailable`). The hammering must really overlap the apply: old answers after
+the update was sent, refusals from the paused window, new answers after; and once any client has
+seen the new version, no request sent later is answered with the old one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+from agent_testkit import AgentClient, Tree, close_to, wait_until
+
+from ckpt_agent.synth import ReferenceModelSpec
+from ckpt_api.vocabulary import ErrorCode
+from ckpt_e2e.procs import spawn_server, stop
+
+# 64 MiB of float32: the copy under pause (staged) or the whole read-verify-apply (streamed)
+# takes long enough for the clients to hit it many times. Deep rather than wide, so a forward
+# pass is many small steps a copy could overtake; deeper, float32 drifts from numpy's float64.
+BIG = ReferenceModelSpec(hidden=512, layers=64, outputs=8)
+CLIENTS = 4
+# Answers each client must get from the new version after the load ended: the tail of the run.
+SETTLED_ANSWERS = 5
+
+
+@dataclass(frozen=True)
+class Answer:
+    sent: float
+    received: float
+    status: int
+    body: object
+
+
+@pytest.fixture(scope="module")
+def big_tree(tmp_path_factory: pytest.TempPathFactory) -> Tree:
+    tree = Tree(tmp_path_factory.mktemp("big-published"), tmp_path_factory.mktemp("big-sources"))
+    tree.add("old", seed=101, spec=BIG)
+    tree.add("new", seed=202, spec=BIG, shards=2)
+    return tree
+
+
+@pytest.fixture(params=["staged", "streamed"])
+def agent_url(request: pytest.FixtureRequest, big_tree: Tree, tmp_path: Path) -> Iterator[str]:
+    """A real agent process (paddle engine, the given apply mode) booted on `old`."""
+    argv = [
+        sys.executable, "-m", "ckpt_agent", "agent", "--host", "127.0.0.1", "--port", "0",
+        "--metrics-port", "0", "--no-auth", "--no-report", "--engine", "paddle",
+        "--apply-mode", request.param, "--source", big_tree.file_uri, "--initial-version", "old",
+        "--model-hidden", str(BIG.hidden), "--model-layers", str(BIG.layers),
+        "--model-outputs", str(BIG.outputs),
+    ]  # fmt: skip
+    proc, url = spawn_server(argv, tmp_path / "agent.log", f"agent ({request.param})")
+    try:
+        yield url
+    finally:
+        stop(proc)
+
+
+class Hammer:
+    """One client sending /v1/infer back to back until `done`; `answers` grows as it goes."""
+
+    def __init__(self, session: aiohttp.ClientSession, url: str) -> None:
+        self.session, self.url = session, url
+        self.answers: list[Answer] = []
+
+    async def run(self, done: asyncio.Event) -> None:
+        while not done.is_set():
+            sent = time.monotonic()
+            async with self.session.post(f"{self.url}/v1/infer", json={}) as resp:
+                body = await resp.json(content_type=None)
+                self.answers.append(Answer(sent, time.monotonic(), resp.status, body))
+
+    def sent_after(self, t: float) -> int:
+        return sum(1 for a in self.answers if a.sent > t)
+
+
+def _kind(answer: Answer, outputs: dict[str, list[float]]) -> str:
+    """Which version produced the answer, "refused" for the paused engine's 503, else "bad"."""
+    body = answer.body
+    if answer.status == 503 and isinstance(body, dict) and body.get("error") == ErrorCode.ENGINE_UNAVAILABLE:
+        return "refused"
+    if answer.status == 200 and isinstance(body, dict):
+        matching = [v for v, out in outputs.items() if close_to(list(body["output"]), out)]
+        if len(matching) == 1:
+            return matching[0]
+    return "bad"
+
+
+async def test_every_answer_is_a_whole_version_while_an_apply_runs(agent_url: str, big_tree: Tree) -> None:
+    outputs = {v: big_tree.expected(v) for v in ("old", "new")}
+    assert not close_to(outputs["old"], outputs["new"]), "the two versions must be told apart"
+    async with aiohttp.ClientSession() as session:
+        client = AgentClient(session, agent_url)
+
+        async def live(version: str) -> bool:
+            status = await client.status()
+            return (status["state"], status["version"]) == ("idle", version)
+
+        await wait_until(lambda: live("old"), 60, "the agent to boot on `old`")
+        done = asyncio.Event()
+        hammers = [Hammer(session, agent_url) for _ in range(CLIENTS)]
+        tasks = [asyncio.create_task(h.run(done)) for h in hammers]
+        try:
+            await wait_until(
+                lambda: _ready(all(h.answers for h in hammers)), 30, "every client answered on `old`"
+            )
+            update_sent = time.monotonic()
+            code, reply = await client.update_sync("new", verify_checksum=True)
+            update_done = time.monotonic()
+            assert code == 200, reply
+            await wait_until(
+                lambda: _ready(all(h.sent_after(update_done) >= SETTLED_ANSWERS for h in hammers)),
+                30,
+                "answers to requests sent after the load",
+            )
+        finally:
+            done.set()
+            await asyncio.gather(*tasks)
+        answers = sorted((a for h in hammers for a in h.answers), key=lambda a: a.sent)
+
+    by_kind: dict[str, list[Answer]] = {"old": [], "new": [], "refused": [], "bad": []}
+    for a in answers:
+        by_kind[_kind(a, outputs)].append(a)
+    counts = {k: len(v) for k, v in by_kind.items()}
+    paused_s = reply["result"][0]["update_cost"]
+    print(f"\n{agent_url}: {counts} of {len(answers)} answers; the apply held traffic {paused_s:.3f}s")
+    bad = [(a.status, a.body) for a in by_kind["bad"]]
+    assert bad == [], f"{len(bad)} answers neither version's nor the documented refusal: {bad[:3]}"
+    mislabelled = [a.body for v in outputs for a in by_kind[v] if _label(a) != v]
+    assert mislabelled == [], f"answers naming another version than computed them: {mislabelled[:3]}"
+    # Refused only while the load ran: the pause is the apply's, taken and released within it.
+    assert all(update_sent < a.received and a.sent < update_done for a in by_kind["refused"])
+    # The hammering overlapped the apply: old weights served after the update was sent, the
+    # paused apply hit, new weights after.
+    assert any(a.received > update_sent for a in by_kind["old"]), counts
+    assert counts["refused"] > 0, counts
+    assert counts["new"] >= CLIENTS * SETTLED_ANSWERS, counts
+    # Linearizable: once the new version answered anyone, no later request gets the old one.
+    first_new = min(a.received for a in by_kind["new"])
+    assert [a for a in by_kind["old"] if a.sent > first_new] == [], "old weights after new ones"
+
+
+def _label(answer: Answer) -> object:
+    assert isinstance(answer.body, dict)
+    return answer.body.get("version")
+
+
+async def _ready(value: bool) -> bool:
+    return value
