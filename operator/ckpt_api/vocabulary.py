@@ -145,6 +145,9 @@ class ErrorCode(StrEnum):
     INVALID_PATH = "InvalidPath"
     LOAD_IN_PROGRESS = "LoadInProgress"
     UNAUTHORIZED = "Unauthorized"
+    # 503: the agent could not check the caller's token (its TokenReview failed: the apiserver
+    # is away); nothing was done, so the caller may simply try again.
+    AUTH_UNAVAILABLE = "AuthUnavailable"
     FORBIDDEN = "Forbidden"
     NOT_FOUND = "NotFound"
     NOT_RELAYABLE = "NotRelayable"
@@ -186,6 +189,7 @@ class EventReason(StrEnum):
     ROLLBACK_STARTED = "RollbackStarted"
     ROLLBACK_FAILED = "RollbackFailed"
     ROLLED_BACK = "RolledBack"
+    RETRY_IGNORED = "RetryIgnored"
 
 
 # -- metric label values ---------------------------------------------------------------------------

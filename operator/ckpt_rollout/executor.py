@@ -83,7 +83,7 @@ class Reconciler:
         if patch:
             obj = await self.api.patch_status(meta.namespace, meta.name, patch)
         remember(memory, plan, now.mono)  # only once the plan's status is stored
-        metrics.observe_phase((meta.namespace, meta.name), plan.status.phase)
+        metrics.observe_rollout((meta.namespace, meta.name), rollout.spec, plan.status)
         for event in plan.events:
             emit(event.type, event.reason, event.message)
         _measure(plan)
@@ -146,10 +146,11 @@ def record_call(
     memory: Memory, call: Call, result: CallResult, tuning: Tuning, now: float, stamp: str
 ) -> None:
     """What an update_weights answer tells the next step."""
-    if not result.connected:
-        # Nobody listens yet (a pod that just started, its agent still booting): the request
-        # never got there, so calling again is safe. The worker timeout runs from the first
-        # attempt and bounds the wait.
+    if not result.connected or result.deferred:
+        # Nobody listens yet (a pod that just started, its agent still booting), or the agent
+        # could not review our token while the apiserver is away: the request did nothing, so
+        # calling again is safe. The worker timeout runs from the first attempt and bounds the
+        # wait.
         memory.call_times.setdefault(call.pod, now)
         memory.busy_until[call.pod] = now + tuning.busy_retry_s
         return

@@ -49,6 +49,8 @@ class Agents:
         self.in_flight -= 1
         if self.answer == 400:
             return CallResult(400, {"error": "InvalidRequest", "message": "source.uri: refused"})
+        if self.answer == 503:
+            return CallResult(503, {"error": "AuthUnavailable", "message": "token review unavailable"})
         return CallResult(self.answer, {"accepted": True, "version": request.version})
 
     async def status(self, ip: str, port: int) -> CallResult:
@@ -97,3 +99,24 @@ async def test_a_rejected_call_is_heard_and_written_as_the_workers_failure_in_th
     # Refused calls kept the old weights: nothing to roll back, so the rollback ends at once.
     assert (api.obj["status"]["phase"], api.obj["status"]["rollback"]["pods"]) == ("RolledBack", [])
     assert memory.heard == {}, "what was written is no longer held"
+
+
+async def test_an_agent_that_cannot_review_our_token_is_called_again_not_failed() -> None:
+    """503 AuthUnavailable: the agent's apiserver is away and the call did nothing, so the
+    worker is not failed (that would roll the rollout back); it is called again after the busy
+    retry interval, its worker timeout still running from the first attempt."""
+    obj, fleet = _rollout(2, 4)
+    api = Api(obj)
+    agents = Agents(api, answer=503)
+    memory = Memory()
+    tuning = Tuning()
+    reconciler = Reconciler(api, agents, tuning)  # type: ignore[arg-type]
+    await reconciler.step(api.obj, fleet, memory, lambda *_: None)
+    assert memory.heard == {}, "no failure heard"
+    first = dict(memory.call_times)
+    assert sorted(first) == [p.name for p in fleet]
+    assert all(memory.busy_until[p.name] == pytest.approx(first[p.name] + tuning.busy_retry_s) for p in fleet)
+    await reconciler.step(api.obj, fleet, memory, lambda *_: None)
+    assert api.obj["status"].get("workers") in (None, {}), "nobody written as failed"
+    assert api.obj["status"]["phase"] == "Progressing"
+    assert memory.call_times == first, "the worker timeout runs from the first attempt"
