@@ -46,17 +46,15 @@ from ckpt_api.vocabulary import (
     COMPONENT_LABEL,
     INSTANCE_LABEL,
     AgentState,
-    ConditionStatus,
-    KubeConditionType,
     PodPhase,
 )
 
 from .catalog import build as build_catalog
 from .catalog import model_flags
 from .fixtures import ClusterHandle
+from .kubeapi import is_ready
 from .kubectl import Kubectl
 from .procs import WaitTimeout, spawn, stop, wait_for
-from .provision import ProvisionError, resolve
 from .rollout_env import (
     AGENT_PORT,
     CLI,
@@ -71,12 +69,16 @@ from .rollout_env import (
     rollout_spec,
 )
 from .rollout_fixtures import Fleet
-from .versions import KUBERNETES
+
+# The chart rendering moved to serviceaccounts; these names stay importable from here.
+from .serviceaccounts import CHART as CHART
+from .serviceaccounts import apply_worker_rbac as apply_worker_rbac
+from .serviceaccounts import delete_worker_rbac as delete_worker_rbac
+from .serviceaccounts import helm_binary as helm_binary
 
 __all__ = ["ExistingProvider", "LocalProvider", "Provider", "WorkerFleet", "provider", "scenario_catalog"]
 
 ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "ckpt-rollout"
 WORKER_EXAMPLE = ROOT / "examples" / "worker-deployment.yaml"
 
 
@@ -139,10 +141,18 @@ class Provider(ABC):
         if not at_rest:
             return fleet
 
-        def resting() -> bool:
-            return all(agent_state(w, fleet.token) == AgentState.IDLE for w in fleet.workers(replicas))
+        states: dict[str, str | None] = {}
 
-        wait_for(resting, 120, f"{replicas} agents done loading {initial_version}", interval=0.2)
+        def resting() -> bool:
+            states.update({w.name: agent_state(w, fleet.token) for w in fleet.workers(replicas)})
+            return all(state == AgentState.IDLE for state in states.values())
+
+        # Generous: on the real node these are containers of the CPU image booting a 100 MB
+        # model each on a shared 2-core machine (120 s was once not enough under load).
+        try:
+            wait_for(resting, 300, f"{replicas} agents done loading {initial_version}", interval=0.2)
+        except WaitTimeout as exc:
+            raise WaitTimeout(f"{exc}; agent states: {states}") from None
         return fleet
 
     @abstractmethod
@@ -377,51 +387,6 @@ class ExistingFleet:
         self.forwards.clear()
 
 
-def helm_binary() -> Path:
-    try:
-        return resolve(["helm"])["helm"]
-    except ProvisionError:
-        import shutil
-
-        found = shutil.which("helm")
-        if found is None:
-            raise
-        return Path(found)
-
-
-def apply_worker_rbac(kubectl: Kubectl) -> str:
-    """The chart's worker RBAC (templates/worker-rbac.yaml: ServiceAccount ckpt-rollout-worker,
-    its Role, and TokenReview) for ``kubectl``'s namespace, rendered from the chart itself and
-    applied; returns the release name its objects are labelled with."""
-    assert kubectl.namespace is not None
-    release = f"e2e-{kubectl.namespace}"[:53]
-    rendered = subprocess.run(
-        [
-            str(helm_binary()), "template", release, str(CHART),
-            "--namespace", kubectl.namespace, "--kube-version", KUBERNETES,
-            "--show-only", "templates/worker-rbac.yaml",
-            "--set", f"fullnameOverride={release}",
-            "--set", "workerRbac.enabled=true",
-            "--set", f"workerRbac.namespaces={{{kubectl.namespace}}}",
-        ],
-        capture_output=True, text=True, check=True, timeout=60,
-    ).stdout  # fmt: skip
-    kubectl.apply(rendered)
-    return release
-
-
-def delete_worker_rbac(kubectl: Kubectl, release: str) -> None:
-    """Namespaced objects go with the namespace; the TokenReview binding is cluster-wide."""
-    kubectl.run(
-        "delete",
-        "clusterrole,clusterrolebinding",
-        "-l",
-        f"{INSTANCE_LABEL}={release}",
-        "--ignore-not-found",
-        check=False,
-    )
-
-
 @dataclass
 class ExistingProvider(Provider):
     kind: ClassVar[str] = "existing"
@@ -486,11 +451,7 @@ class ExistingProvider(Provider):
     def start_operator(self) -> None:
         def fresh_ready() -> bool:
             for pod in self._operator_pods():
-                ready = any(
-                    c["type"] == KubeConditionType.READY and c["status"] == ConditionStatus.TRUE
-                    for c in pod["status"].get("conditions", [])
-                )
-                if pod["metadata"]["name"] not in self._killed and ready:
+                if pod["metadata"]["name"] not in self._killed and is_ready(pod):
                     return True
             return False
 

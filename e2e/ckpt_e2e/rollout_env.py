@@ -28,7 +28,8 @@ from .catalog import corrupt_tensor as corrupt_tensor  # re-exported: tests dama
 from .catalog import publish_version
 from .launchers import Launcher, ProcessLauncher, kubeconfig_files
 from .podruntime import Launch, PodInfo, PodRuntime
-from .procs import free_ports, spawn, stop, wait_for
+from .procs import PortReservation, spawn, spawn_server, stop, wait_for
+from .serviceaccounts import mint_token
 
 CLI = [sys.executable, "-m", "ckpt_rollout.cli"]
 AGENT_PORT = 8089
@@ -96,12 +97,12 @@ def publish_reference_version(
 def serve_checkpoints(root: Path, log_dir: Path, host: str = "127.0.0.1") -> Iterator[CheckpointSource]:
     """`ckpt-rollout serve ROOT` on ``host`` (loopback; the real node's pods reach the host end
     of its veth instead)."""
-    (port,) = free_ports(1, host)
-    proc = spawn(
-        [*CLI, "serve", str(root), "--host", host, "--port", str(port)],
+    proc, url = spawn_server(
+        [*CLI, "serve", str(root), "--host", host, "--port", "0"],
         log_dir / f"source-{host}.log" if host != "127.0.0.1" else log_dir / "source.log",
+        "checkpoint source",
     )
-    source = CheckpointSource(root=root, url=f"http://{host}:{port}", proc=proc)
+    source = CheckpointSource(root=root, url=url, proc=proc)
     try:
         wait_for(lambda: _ok(f"{source.url}/healthz"), 30, "checkpoint source /healthz")
         yield source
@@ -121,16 +122,12 @@ def _ok(url: str) -> bool:
 
 
 def operator_token(api: client.ApiClient, namespace: str, account: str = "ckpt-operator") -> str:
-    """A ServiceAccount token for the agents' audience, as the operator's projected volume has."""
-    core = client.CoreV1Api(api)
-    core.create_namespaced_service_account(
+    """A new ServiceAccount and its token for the agents' audience, as the operator's projected
+    volume has (the demo's; the test fixtures' account comes from the chart, serviceaccounts.py)."""
+    client.CoreV1Api(api).create_namespaced_service_account(
         namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=account))
     )
-    request = client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=[DEFAULT_AGENT_AUDIENCE], expiration_seconds=3600)
-    )
-    resp = core.create_namespaced_service_account_token(account, namespace, request)
-    return str(resp.status.token)
+    return mint_token(api, namespace, account, [DEFAULT_AGENT_AUDIENCE])
 
 
 # -- worker fleet ---------------------------------------------------------------------------
@@ -329,6 +326,7 @@ class OperatorProcess:
         self.launcher = launcher
         self.proc: subprocess.Popen[bytes] | None = None
         self._launch: Launch | None = None
+        self._liveness_port: PortReservation | None = None
         self.starts = 0
 
     @property
@@ -336,7 +334,9 @@ class OperatorProcess:
         return self.log_dir / f"{self.name}.log"
 
     def start(self) -> OperatorProcess:
-        (liveness_port,) = free_ports(1)
+        # kopf binds the liveness port itself (port 0 would not be reported): held until stopped.
+        self._liveness_port = PortReservation(1)
+        (liveness_port,) = self._liveness_port.ports
         self.liveness_url = f"http://127.0.0.1:{liveness_port}/healthz"
         args = [
             "--namespace",
@@ -397,6 +397,8 @@ class OperatorProcess:
     def _cleanup(self) -> None:
         if self._launch is not None and self._launch.cleanup is not None:
             self._launch.cleanup()
+        if self._liveness_port is not None:
+            self._liveness_port.release()
 
 
 # -- the CR ---------------------------------------------------------------------------------

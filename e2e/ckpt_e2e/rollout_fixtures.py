@@ -7,9 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from kubernetes import client
+
+from ckpt_api.constants import DEFAULT_AGENT_AUDIENCE
 
 from .catalog import build as build_catalog
 from .catalog import model_flags
@@ -24,14 +27,17 @@ from .rollout_env import (
     OperatorProcess,
     Rollouts,
     Worker,
-    operator_token,
     ready_workers,
     serve_checkpoints,
     worker_deployment,
 )
+from .serviceaccounts import OPERATOR_ACCOUNT, ChartAccounts, mint_token
+from .serviceaccounts import chart_accounts as install_chart_accounts
 
 __all__ = [
     "Fleet",
+    "OperatorIdentity",
+    "chart_accounts",
     "checkpoint_source",
     "crd_installed",
     "fleet_factory",
@@ -65,23 +71,42 @@ def checkpoint_source(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chec
 
 
 @pytest.fixture
-def operator_identity(k8s_api: client.ApiClient, namespace: str, tmp_path: Path) -> tuple[str, Path]:
-    """(username, token file) of the operator's ServiceAccount, audience-bound to agents."""
-    token = operator_token(k8s_api, namespace)
+def chart_accounts(
+    cluster: ClusterHandle, k8s_api: client.ApiClient, kubectl: Kubectl, tmp_path: Path
+) -> Iterator[ChartAccounts]:
+    """The chart's operator and worker ServiceAccounts and RBAC in the test's namespace, with a
+    kubeconfig of each: what the operator and the agents run with."""
+    with install_chart_accounts(k8s_api, kubectl, cluster.kubeconfig, tmp_path / "accounts") as accounts:
+        yield accounts
+
+
+class OperatorIdentity(NamedTuple):
+    username: str
+    token_file: Path  # audience-bound to agents: what the operator presents to them
+    kubeconfig: Path  # the operator's own credential to the apiserver
+
+
+@pytest.fixture
+def operator_identity(
+    k8s_api: client.ApiClient, chart_accounts: ChartAccounts, tmp_path: Path
+) -> OperatorIdentity:
+    """The chart's operator ServiceAccount: its name, a token for the agents, a kubeconfig."""
+    token = mint_token(k8s_api, chart_accounts.namespace, OPERATOR_ACCOUNT, [DEFAULT_AGENT_AUDIENCE])
     path = tmp_path / "agent-token"
     path.write_text(token)
-    return f"system:serviceaccount:{namespace}:ckpt-operator", path
+    return OperatorIdentity(chart_accounts.operator_username, path, chart_accounts.operator_kubeconfig)
 
 
 @pytest.fixture
 def operator(
-    cluster: ClusterHandle,
     crd_installed: None,
     namespace: str,
-    operator_identity: tuple[str, Path],
+    operator_identity: OperatorIdentity,
     tmp_path: Path,
 ) -> Iterator[OperatorProcess]:
-    proc = OperatorProcess(cluster.kubeconfig, namespace, operator_identity[1], tmp_path / "operator")
+    proc = OperatorProcess(
+        operator_identity.kubeconfig, namespace, operator_identity.token_file, tmp_path / "operator"
+    )
     proc.start()
     yield proc
     proc.stop()
@@ -109,11 +134,11 @@ class Fleet:
 
 @pytest.fixture
 def fleet_factory(
-    cluster: ClusterHandle,
     kubectl: Kubectl,
     pod_runtime: PodRuntimeFactory,
     checkpoint_source: CheckpointSource,
-    operator_identity: tuple[str, Path],
+    operator_identity: OperatorIdentity,
+    chart_accounts: ChartAccounts,
 ) -> Callable[..., Fleet]:
     """``fleet_factory(replicas)`` -> a worker Deployment whose pods run real paddle agents
     starting on v1 (processes, or what ``agent_launcher(pod)`` picks, e.g. the worker image);
@@ -132,14 +157,14 @@ def fleet_factory(
         options = AgentOptions(
             source_url=checkpoint_source.url,
             initial_version=initial_version,
-            kubeconfig=cluster.kubeconfig,
-            allowed_username=operator_identity[0],
+            kubeconfig=chart_accounts.worker_kubeconfig,
+            allowed_username=operator_identity.username,
             extra_args=[*(extra_args or []), *model_flags(big)],
         )
         if agent_launcher is not None:
             options.launcher = agent_launcher
         runtime = pod_runtime(f"app={WORKER_LABEL},fleet={name}", options.launch)
-        token = operator_identity[1].read_text()
+        token = operator_identity.token_file.read_text()
         fleet = Fleet(name, labels, runtime, token, kubectl)
         fleet.workers(replicas)
         return fleet

@@ -5,6 +5,7 @@ from ckpt_e2e.image_fixtures import built_images, pytest_terminal_summary
 from ckpt_e2e.providers import provider, scenario_catalog
 from ckpt_e2e.realnode_env import real_cluster, real_node_env, real_node_provider
 from ckpt_e2e.rollout_fixtures import (
+    chart_accounts,
     checkpoint_source,
     crd_installed,
     fleet_factory,
@@ -15,6 +16,7 @@ from ckpt_e2e.rollout_fixtures import (
 
 __all__ = [
     "built_images",
+    "chart_accounts",
     "checkpoint_source",
     "cluster",
     "crd_installed",

@@ -12,7 +12,6 @@ import pytest
 
 from ckpt_api.vocabulary import WavePhase
 from ckpt_e2e import images
-from ckpt_e2e.fixtures import ClusterHandle
 from ckpt_e2e.images import Built
 from ckpt_e2e.launchers import ContainerLauncher, Launcher
 from ckpt_e2e.podruntime import PodInfo
@@ -25,7 +24,7 @@ from ckpt_e2e.rollout_env import (
     rollout_spec,
     serving_versions,
 )
-from ckpt_e2e.rollout_fixtures import Fleet
+from ckpt_e2e.rollout_fixtures import Fleet, OperatorIdentity
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
@@ -63,10 +62,9 @@ def _hardened(container: dict[str, object], user: str) -> None:
 
 def test_rollout_with_operator_and_worker_from_their_images(
     built_images: dict[str, Built],
-    cluster: ClusterHandle,
     crd_installed: None,
     namespace: str,
-    operator_identity: tuple[str, Path],
+    operator_identity: OperatorIdentity,
     fleet_factory: Callable[..., Fleet],
     rollouts: Rollouts,
     checkpoint_source: CheckpointSource,
@@ -74,9 +72,9 @@ def test_rollout_with_operator_and_worker_from_their_images(
 ) -> None:
     operator_image, worker_image = built_images["operator"].tag, built_images["worker-cpu"].tag
     operator = OperatorProcess(
-        cluster.kubeconfig,
+        operator_identity.kubeconfig,
         namespace,
-        operator_identity[1],
+        operator_identity.token_file,
         tmp_path / "operator",
         launcher=ContainerLauncher(operator_image, user=OPERATOR_UID),
     )

@@ -7,13 +7,15 @@ import json
 from typing import Any
 
 import pytest
+import yaml
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
-from kubernetes import client
+from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from ckpt_e2e.procs import wait_for
+from ckpt_e2e.serviceaccounts import TOKEN_SECONDS, ChartAccounts
 
 pytestmark = pytest.mark.integration
 
@@ -148,3 +150,47 @@ def _can_list_pods(api: client.ApiClient, namespace: str) -> bool:
             raise
         return False
     return True
+
+
+def _api_from(kubeconfig: Any) -> client.ApiClient:
+    api: client.ApiClient = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+    return api
+
+
+def _whoami(api: client.ApiClient) -> str:
+    review = client.AuthenticationV1Api(api).create_self_subject_review(client.V1SelfSubjectReview())
+    return str(review.status.user_info.username)
+
+
+def _can_read_secrets(api: client.ApiClient, namespace: str) -> bool:
+    try:
+        client.CoreV1Api(api).list_namespaced_secret(namespace)
+    except ApiException as exc:
+        if exc.status != 403:
+            raise
+        return False
+    return True
+
+
+def test_chart_accounts_are_their_service_accounts_with_the_charts_rbac_only(
+    chart_accounts: ChartAccounts,
+) -> None:
+    """What the operator and agent processes of the e2e tier run with: their own tokens, scoped
+    by the chart's Roles, not the admin credential."""
+    namespace = chart_accounts.namespace
+    operator_kubeconfig = chart_accounts.operator_kubeconfig
+    with _api_from(operator_kubeconfig) as operator, _api_from(chart_accounts.worker_kubeconfig) as worker:
+        assert _whoami(operator) == chart_accounts.operator_username
+        assert _whoami(worker) == chart_accounts.worker_username
+        # watchNamespaces: a Role in the operator's namespace, nothing outside it.
+        assert _can_list_pods(operator, namespace)
+        assert not _can_list_pods(operator, "kube-system")
+        assert not _can_list_pods(worker, namespace), "agents get their own pod, never list"
+        assert not _can_read_secrets(operator, namespace)
+        assert not _can_read_secrets(worker, namespace)
+        # Cluster-scoped: the agents check the operator's token.
+        assert _review(client.AuthenticationV1Api(worker), "not-a-token", []).authenticated is not True
+
+    token = yaml.safe_load(operator_kubeconfig.read_text())["users"][0]["user"]["token"]
+    claims = _claims(token)
+    assert claims["exp"] - claims["iat"] == TOKEN_SECONDS
