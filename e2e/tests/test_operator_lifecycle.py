@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
+from ckpt_api.vocabulary import LEASE_NAME
 from ckpt_e2e.fixtures import ClusterHandle
-from ckpt_e2e.procs import free_ports, wait_for
+from ckpt_e2e.procs import PortReservation, wait_for
 from ckpt_e2e.rollout_env import (
     CLI,
     CheckpointSource,
@@ -32,7 +33,7 @@ from ckpt_e2e.rollout_env import (
     rollout_spec,
     serving_versions,
 )
-from ckpt_e2e.rollout_fixtures import Fleet
+from ckpt_e2e.rollout_fixtures import Fleet, OperatorIdentity
 
 pytestmark = pytest.mark.integration
 
@@ -251,15 +252,21 @@ def test_overlapping_selectors_stall_the_later_rollout(
 
 @pytest.fixture
 def operator_pair(
-    cluster: ClusterHandle,
     crd_installed: None,
     namespace: str,
-    operator_identity: tuple[str, Path],
+    operator_identity: OperatorIdentity,
     tmp_path: Path,
 ) -> Iterator[tuple[OperatorProcess, OperatorProcess]]:
     args = ["--leader-election", "--lease-namespace", namespace]
     pair = tuple(
-        OperatorProcess(cluster.kubeconfig, namespace, operator_identity[1], tmp_path / "ops", args, name=n)
+        OperatorProcess(
+            operator_identity.kubeconfig,
+            namespace,
+            operator_identity.token_file,
+            tmp_path / "ops",
+            args,
+            name=n,
+        )
         for n in ("op-a", "op-b")
     )
     for op in pair:
@@ -281,9 +288,7 @@ def test_two_replicas_hand_over_without_double_updates(
     lease = cluster.kubectl.in_namespace(rollouts.namespace)
 
     def holder() -> str | None:
-        out = lease.run(
-            "get", "lease", "ckpt-rollout-operator", "-o", "jsonpath={.spec.holderIdentity}", check=False
-        )
+        out = lease.run("get", "lease", LEASE_NAME, "-o", "jsonpath={.spec.holderIdentity}", check=False)
         return out.stdout.strip() or None
 
     wait_for(holder, 30, "a lease holder")
@@ -297,8 +302,13 @@ def test_two_replicas_hand_over_without_double_updates(
     identity = {op.name: f"{socket.gethostname()}-{op.proc.pid if op.proc else None}" for op in operator_pair}
     (active,) = [op for op in operator_pair if identity[op.name] == holder()]
     (standby,) = [op for op in operator_pair if op is not active]
+    before = lease.json("get", "lease", LEASE_NAME)["spec"]
     active.kill()
     wait_for(lambda: holder() == identity[standby.name], 60, "the standby to take the Lease")
+    after = lease.json("get", "lease", LEASE_NAME)["spec"]
+    # A takeover, counted as one in the Lease (not the standby renewing a lease it held).
+    assert after.get("leaseTransitions", 0) == before.get("leaseTransitions", 0) + 1, (before, after)
+    assert after["acquireTime"] > before["acquireTime"], (before, after)
     status = rollouts.wait_phase("fleet", {"Succeeded", "Failed", "RolledBack"}, timeout=180)
     assert status["phase"] == "Succeeded", status.get("message")
     assert standby.alive
@@ -311,16 +321,20 @@ def test_two_replicas_hand_over_without_double_updates(
 def test_operator_metrics(
     fleet_factory: Callable[..., Fleet],
     checkpoint_source: CheckpointSource,
-    cluster: ClusterHandle,
     crd_installed: None,
     namespace: str,
-    operator_identity: tuple[str, Path],
+    operator_identity: OperatorIdentity,
     rollouts: Rollouts,
     tmp_path: Path,
 ) -> None:
-    (port,) = free_ports(1)
+    held = PortReservation(1)  # prometheus_client binds it: no port 0 it would report
+    (port,) = held.ports
     op = OperatorProcess(
-        cluster.kubeconfig, namespace, operator_identity[1], tmp_path, ["--metrics-port", str(port)]
+        operator_identity.kubeconfig,
+        namespace,
+        operator_identity.token_file,
+        tmp_path,
+        ["--metrics-port", str(port)],
     ).start()
     try:
         fleet = fleet_factory(2)
@@ -333,6 +347,7 @@ def test_operator_metrics(
         idle_text = http_text(f"http://127.0.0.1:{port}/metrics")
     finally:
         op.stop()
+        held.release()
     requests = metric_value(text, "ckpt_rollout_api_requests_total")
     assert requests > 0  # the counter works: the rollout's status patches
     assert metric_value(idle_text, "ckpt_rollout_api_requests_total") == requests
@@ -347,14 +362,17 @@ def test_operator_metrics(
 
 
 def test_json_logs_one_object_per_line(
-    cluster: ClusterHandle,
     crd_installed: None,
     namespace: str,
-    operator_identity: tuple[str, Path],
+    operator_identity: OperatorIdentity,
     tmp_path: Path,
 ) -> None:
     op = OperatorProcess(
-        cluster.kubeconfig, namespace, operator_identity[1], tmp_path / "op", ["--log-format", "json"]
+        operator_identity.kubeconfig,
+        namespace,
+        operator_identity.token_file,
+        tmp_path / "op",
+        ["--log-format", "json"],
     )
     op.start()
     try:

@@ -39,19 +39,37 @@ def test_selector_matches(selector: dict[str, object], labels: dict[str, str], e
     assert selector_matches(LabelSelector.model_validate(selector), labels) is expected
 
 
+def _labels(**labels: str) -> dict[str, Any]:
+    return {"matchLabels": labels}
+
+
+def _with(selector: dict[str, Any], key: str, operator: str, *values: str) -> dict[str, Any]:
+    expression = {"key": key, "operator": operator, **({"values": list(values)} if values else {})}
+    return {**selector, "matchExpressions": [*selector.get("matchExpressions", []), expression]}
+
+
 @pytest.mark.parametrize(
     ("a", "b", "expected"),
     [
-        ({"app": "w"}, {"app": "w"}, True),
-        ({"app": "w"}, {"app": "w", "pool": "a"}, True),
-        ({"app": "w", "pool": "a"}, {"app": "w", "pool": "b"}, False),
-        ({"app": "w"}, {"team": "x"}, True),
+        (_labels(app="w"), _labels(app="w"), True),
+        (_labels(app="w"), _labels(app="w", pool="a"), True),
+        (_labels(app="w", pool="a"), _labels(app="w", pool="b"), False),
+        (_labels(app="w"), _labels(team="x"), True),
+        # matchLabels still pin keys when expressions come along: still disjoint.
+        (_labels(app="w", pool="a"), _with(_labels(app="w", pool="b"), "tier", "NotIn", "x"), False),
+        (_with(_labels(pool="a"), "tier", "Exists"), _with(_labels(pool="b"), "tier", "Exists"), False),
+        # A pod labelled tier=b matches both.
+        (_labels(tier="b"), _with({}, "tier", "NotIn", "a"), True),
+        # A pod without the key matches both NotIn and DoesNotExist.
+        (_with({}, "tier", "NotIn", "a"), _with({}, "tier", "NotIn", "b"), True),
+        (_with({}, "tier", "NotIn", "a"), _with(_labels(app="w"), "tier", "DoesNotExist"), True),
+        (_with({}, "tier", "In", "a", "b"), _labels(tier="b"), True),
     ],
 )
-def test_selectors_overlap(a: dict[str, str], b: dict[str, str], expected: bool) -> None:
-    sa = LabelSelector.model_validate({"matchLabels": a})
-    sb = LabelSelector.model_validate({"matchLabels": b})
+def test_selectors_overlap(a: dict[str, Any], b: dict[str, Any], expected: bool) -> None:
+    sa, sb = LabelSelector.model_validate(a), LabelSelector.model_validate(b)
     assert selectors_overlap(sa, sb) is expected
+    assert selectors_overlap(sb, sa) is expected
 
 
 _keys = st.sampled_from(["app", "tier", "canary"])
