@@ -6,9 +6,10 @@ canary called in one status write). All progress lives in the CR status, so a re
 operator resumes where the last one stopped: wave membership and the pods about to be called
 are in the status the executor writes *before* it makes the calls.
 
-States: Conflict (stalled on an older overlapping CR), Start (a new spec.version, possibly
-superseding one in flight), Retry (the same version again after Failed or RolledBack, asked for
-with the retry annotation), RollingBack, Done (terminal; Succeeded corrects drift), Abort,
+States: RetryIgnored (a retry annotation that came when there was nothing to retry), Conflict
+(stalled on an older overlapping CR), Start (a new spec.version, possibly superseding one in
+flight), Retry (the same version again after Failed or RolledBack, asked for with the retry
+annotation), RollingBack, Done (terminal; Succeeded corrects drift), Abort,
 Deadline, NoWorkers, Advance (pause/promote, waves, drift waves, finish).
 """
 
@@ -37,9 +38,10 @@ from ckpt_api.vocabulary import (
 from ckpt_rollout.conditions import Verdict
 from ckpt_rollout.drive import Target, drive, fold_heard
 from ckpt_rollout.outcomes import Outcome
-from ckpt_rollout.plan import Draft, Measure, Plan, Probe, Rollout, derived_counters
+from ckpt_rollout.plan import Draft, Measure, Plan, Probe, Rollout, updated_replicas
 from ckpt_rollout.planning import failure_budget, plan_wave
 from ckpt_rollout.selectors import selectors_overlap
+from ckpt_rollout.views import counted
 from ckpt_rollout.world import Memory, Now, Peer, Tuning, parse_time
 
 # Failures after which the worker may still end up on the new version: roll those back too.
@@ -48,6 +50,7 @@ _MAX_TRANSITIONS = 8  # a step chains at most this many (each one advances the s
 
 
 class State(Enum):
+    RETRY_IGNORED = auto()
     CONFLICT = auto()
     START = auto()
     RETRY = auto()
@@ -72,14 +75,18 @@ def decide(rollout: Rollout, memory: Memory, tuning: Tuning, now: Now) -> Plan:
 
 def classify(d: Draft) -> State:
     status, spec = d.status, d.spec
+    retry = pending_retry(d)
+    # A retry is for the version that had ended Failed or RolledBack when it was asked for.
+    # Kept for later, it would restart a rollout that fails afterwards, which nobody asked for.
+    if retry and (status.phase not in FAILED_PHASES or status.target_version != spec.version):
+        return State.RETRY_IGNORED
     if conflicting_peer(d) is not None:
         return State.CONFLICT
     if status.target_version != spec.version:
         return State.START
     if status.phase is Phase.ROLLING_BACK:
         return State.ROLLING_BACK
-    retry = d.rollout.meta.annotations.get(RETRY_ANNOTATION)
-    if status.phase in FAILED_PHASES and retry and retry != status.retried:
+    if retry:
         return State.RETRY
     if status.phase in TERMINAL_PHASES:
         return State.DONE
@@ -132,11 +139,32 @@ def _conflict(d: Draft) -> bool:
 # -- a new version -----------------------------------------------------------------------------
 
 
+def pending_retry(d: Draft) -> str | None:
+    """The retry annotation's value, unless this rollout already acted on it or ignored it."""
+    token = d.rollout.meta.annotations.get(RETRY_ANNOTATION)
+    if not token or token == d.status.retried:
+        return None
+    return token
+
+
 def _retry(d: Draft) -> bool:
     """The same version from the start: pods already serving it answer "already live"."""
     ended = d.status.phase
-    d.set(retried=d.rollout.meta.annotations[RETRY_ANNOTATION])
+    d.set(retried=pending_retry(d))
     return _start(d, why=f"retrying after {ended}")
+
+
+def _ignore_retry(d: Draft) -> bool:
+    """Recorded as seen (status.retried), so it never fires later, and a Warning says why; the
+    annotation itself is the user's to remove, as promote's and abort's are."""
+    token = pending_retry(d)
+    if d.status.phase in FAILED_PHASES:  # and so spec.version has changed
+        why = f"spec.version is now {d.spec.version}, which rolls out as a new version"
+    else:
+        why = f"phase is {d.status.phase or Phase.PENDING}; only a Failed or RolledBack rollout is retried"
+    d.set(retried=token)
+    d.event(EventType.WARNING, EventReason.RETRY_IGNORED, f"retry {token} ignored: {why}")
+    return True
 
 
 def _start(d: Draft, why: str = "") -> bool:
@@ -144,7 +172,8 @@ def _start(d: Draft, why: str = "") -> bool:
     superseding = status.phase in (Phase.PROGRESSING, Phase.PAUSED)
     old_target = status.target_version
     previous = status.stable_version or status.previous_version
-    message = f"rolling out {spec.version} to {len(d.rollout.pods)} pods in {len(spec.strategy.waves)} waves"
+    pods, waves_ = counted(len(d.rollout.pods), "pod"), counted(len(spec.strategy.waves), "wave")
+    message = f"rolling out {spec.version} to {pods} in {waves_}"
     waves: list[WaveStatus] = []
     if why:
         message = f"{why}: {message}"
@@ -198,9 +227,9 @@ def _done(d: Draft) -> bool:
     d.event(
         EventType.NORMAL,
         EventReason.DRIFT_CORRECTION,
-        f"{len(new)} new pods: bringing them to {d.spec.version}",
+        f"bringing {d.spec.version} to {counted(len(new), 'new pod')}",
     )
-    _add_wave(d, WaveKind.DRIFT, new, f"{len(new)} pods appeared after the rollout")
+    _add_wave(d, WaveKind.DRIFT, new, "appeared after the rollout")
     return True
 
 
@@ -223,12 +252,7 @@ def deadline_remaining(d: Draft) -> float | None:
     started = parse_time(d.status.started_at)
     if started is None:
         return None
-    now = d.now.wall
-    paused = d.status.paused_seconds or 0.0
-    paused_at = parse_time(d.status.paused_at)
-    if paused_at is not None:
-        paused += now - paused_at
-    return d.spec.timeouts.progress_deadline_seconds - (now - started - paused)
+    return d.spec.timeouts.progress_deadline_seconds - (d.now.wall - started - paused_total(d))
 
 
 def _deadline(d: Draft) -> bool:
@@ -237,11 +261,13 @@ def _deadline(d: Draft) -> bool:
 
 
 def _abort(d: Draft) -> bool:
+    _end_pause(d)
     _start_rollback(d, RolloutReason.ABORTED, "aborted by user")
     return True
 
 
 def _fail(d: Draft, reason: str, message: str) -> bool:
+    _end_pause(d)
     if d.spec.failure_policy.on_failure is FailureAction.ROLLBACK:
         _start_rollback(d, reason, message)
         return True
@@ -265,10 +291,34 @@ def _observe_end(d: Draft, phase: Phase) -> None:
 _PROMOTED_WAVE = re.compile(r"-?[0-9]+")
 
 
-def pause_reason(d: Draft, spec_done: int) -> str | None:
+def paused_total(d: Draft) -> float:
+    """Seconds this rollout has been paused, the pause going on now included."""
+    paused = d.status.paused_seconds or 0.0
+    began = parse_time(d.status.paused_at)
+    if began is not None:
+        paused += d.now.wall - began
+    return paused
+
+
+def _end_pause(d: Draft) -> None:
+    """The paused time so far joins pausedSeconds (with no pause going on, nothing changes)."""
+    d.set(paused_at=None, paused_seconds=paused_total(d))
+
+
+def pause_reason(d: Draft, running: int | None) -> str | None:
+    """Why the rollout holds now (its status.message while it does), or None."""
+    waves = d.status.waves
     if d.spec.paused:
-        return "spec.paused is true"
-    last = spec_done - 1
+        if running is not None:
+            where = f"during {wave_name(d, waves[running])}"
+        elif waves:
+            where = f"after {wave_name(d, waves[-1])}"
+        else:
+            where = f"before {spec_wave_name(d, 0)}"
+        return f"paused {where}: spec.paused is true"
+    if running is not None:
+        return None  # a pauseAfterWave holds once its wave is done
+    last = _spec_done(d) - 1
     if last < 0 or last not in d.spec.strategy.pause_after_wave:
         return None
     promoted = d.rollout.meta.annotations.get(PROMOTE_ANNOTATION, "")
@@ -284,7 +334,8 @@ def pause_reason(d: Draft, spec_done: int) -> str | None:
         d.wake(left)
     elif duration:
         d.wake(duration)
-    return f"paused after wave {last + 1} {'for ' + str(duration) + 's' if duration else 'for promote'}"
+    until = f"for {duration}s" if duration else "for promote"
+    return f"paused after {spec_wave_name(d, last)} {until}"
 
 
 def _set_paused(d: Draft, reason: str | None) -> None:
@@ -297,15 +348,15 @@ def _set_paused(d: Draft, reason: str | None) -> None:
             message=reason,
         )
         d.event(EventType.NORMAL, EventReason.PAUSED, reason)
+    elif reason and d.status.message != reason:
+        # Still paused, but where it holds has moved on: the wave it held in has completed.
+        d.set(Verdict(Phase.PAUSED, RolloutReason.ROLLOUT_PAUSED, reason), message=reason)
     elif not reason and paused:
-        began = parse_time(d.status.paused_at) or d.now.wall
-        total = (d.status.paused_seconds or 0.0) + d.now.wall - began
-        message = f"resumed after {total:.0f}s paused"
+        _end_pause(d)
+        message = f"resumed after {d.status.paused_seconds:.0f}s paused"
         d.set(
             Verdict(Phase.PROGRESSING, RolloutReason.ROLLOUT_RESUMED, message),
             phase=Phase.PROGRESSING,
-            paused_at=None,
-            paused_seconds=total,
             message=message,
         )
         d.event(EventType.NORMAL, EventReason.RESUMED, message)
@@ -318,24 +369,32 @@ def _spec_done(d: Draft) -> int:
     return sum(1 for w in d.status.waves if w.kind is WaveKind.SPEC and w.phase is WavePhase.COMPLETED)
 
 
+def spec_wave_name(d: Draft, spec_index: int) -> str:
+    return f"wave {spec_index + 1}/{len(d.spec.strategy.waves)}"
+
+
+def wave_name(d: Draft, wave: WaveStatus) -> str:
+    """How messages name a status wave: a spec wave as "wave N/M", the others by their kind."""
+    if wave.spec_index is None:
+        return f"{wave.kind} wave"
+    return spec_wave_name(d, wave.spec_index)
+
+
 def _advance(d: Draft) -> bool:
     waves = d.status.waves
     running = next((i for i, w in enumerate(waves) if w.phase is WavePhase.RUNNING), None)
-    spec_done = _spec_done(d)
-    if running is None:
-        reason = pause_reason(d, spec_done)
-    else:
-        reason = "spec.paused is true" if d.spec.paused else None
+    reason = pause_reason(d, running)
     _set_paused(d, reason)
     if running is not None:
         return _run_wave(d, running)
     if reason:
         return False
+    spec_done = _spec_done(d)
     if spec_done < len(d.spec.strategy.waves):
         return _start_wave(d, spec_done)
     late = sorted(set(d.rollout.pods) - {p for w in waves for p in w.pods})
     if late:
-        _add_wave(d, WaveKind.DRIFT, late, f"{len(late)} pods joined during the rollout")
+        _add_wave(d, WaveKind.DRIFT, late, "joined during the rollout")
         return True
     _finish(d)
     return False  # pragma: no mutate (True: Done follows, finds no pod left out, and stops)
@@ -360,8 +419,7 @@ def _start_wave(d: Draft, spec_index: int) -> bool:
             return False
         if probed[1] and probed[1] != d.spec.version:
             d.set(previous_version=probed[1])
-    total = len(d.spec.strategy.waves)
-    message = f"wave {spec_index + 1}/{total}: {len(members)} pods"
+    message = f"{spec_wave_name(d, spec_index)}: {counted(len(members), 'pod')}"
     d.add_wave(
         WaveStatus(
             index=len(waves),
@@ -378,8 +436,9 @@ def _start_wave(d: Draft, spec_index: int) -> bool:
     return True
 
 
-def _add_wave(d: Draft, kind: WaveKind, pods: list[str], why: str) -> None:
-    message = f"{why}: bringing them to {d.spec.version}"
+def _add_wave(d: Draft, kind: WaveKind, pods: list[str], came: str) -> None:
+    """A wave for pods outside the spec's waves; ``came``: when they did."""
+    message = f"bringing {d.spec.version} to {counted(len(pods), 'pod')} that {came}"
     d.add_wave(
         WaveStatus(index=len(d.status.waves), kind=kind, target=len(pods), pods=pods, started_at=d.now.stamp)
     )
@@ -412,18 +471,22 @@ def _run_wave(d: Draft, index: int) -> bool:
 
 def _complete_wave(d: Draft, index: int, outcomes: dict[str, Outcome]) -> bool:
     workers = d.status.workers
+    label = wave_name(d, d.status.waves[index])
     failed_here = [p for p, o in outcomes.items() if o is Outcome.FAILED]
-    failed_total = sum(
-        1 for e in workers.values() if e.version == d.spec.version and e.phase is WorkerPhase.FAILED
+    failures = sorted(
+        p for p, e in workers.items() if e.version == d.spec.version and e.phase is WorkerPhase.FAILED
     )
     budget = failure_budget(d.spec.failure_policy.max_failures, len(d.rollout.pods))
-    if failed_total > budget:
-        first = failed_here[0] if failed_here else "?"
-        entry = workers.get(first)
-        reason = (entry.reason if entry else None) or RolloutReason.WORKER_FAILED
+    if len(failures) > budget:
+        # With none of its own, earlier failures are over a budget that shrank (a spec edit,
+        # fewer pods): name one of those.
+        named = failed_here[0] if failed_here else failures[0]
+        entry = workers[named]
+        reason = entry.reason or RolloutReason.WORKER_FAILED
+        detail = f"{reason}: {entry.message}" if entry.message else reason
+        earlier = "" if failed_here else " in an earlier wave"
         message = (
-            f"wave {index + 1}: worker {first} failed ({reason}: {(entry.message if entry else '') or ''}); "
-            f"{failed_total} failed > budget {budget}"
+            f"{label}: worker {named} failed{earlier} ({detail}); {len(failures)} failed > budget {budget}"
         )
         d.set_wave(index, phase=WavePhase.FAILED, completed_at=d.now.stamp, failed=len(failed_here))
         return _fail(d, reason, message)
@@ -442,11 +505,6 @@ def _complete_wave(d: Draft, index: int, outcomes: dict[str, Outcome]) -> bool:
     # Fold successes into the wave's counter so status stays small for big fleets; failures
     # stay listed for whoever investigates.
     d.set_workers({p: None for p in updated if p in workers})
-    label = (
-        f"wave {wave.spec_index + 1}/{len(d.spec.strategy.waves)}"
-        if wave.spec_index is not None
-        else f"{wave.kind} wave"
-    )
     message = f"{label} completed: {len(updated)} updated"
     if failed_here:
         message += f", {len(failed_here)} failed (within budget {budget})"
@@ -460,8 +518,7 @@ def _complete_wave(d: Draft, index: int, outcomes: dict[str, Outcome]) -> bool:
 
 
 def _finish(d: Draft) -> None:
-    updated = derived_counters(d.status, d.rollout)["updated_replicas"]
-    message = f"{d.spec.version} is live on {updated} pods"
+    message = f"{d.spec.version} is live on {counted(updated_replicas(d.status), 'pod')}"
     d.set(
         Verdict(Phase.SUCCEEDED, RolloutReason.ROLLOUT_COMPLETED, message),
         phase=Phase.SUCCEEDED,
@@ -507,7 +564,7 @@ def _start_rollback(d: Draft, reason: str, message: str) -> None:
         d.event(EventType.WARNING, EventReason.ROLLOUT_FAILED, message)
         return
     members = rollback_members(d)
-    message = f"{message}; rolling {len(members)} workers back to {previous}"
+    message = f"{message}; rolling {counted(len(members), 'worker')} back to {previous}"
     d.set(
         Verdict(Phase.ROLLING_BACK, reason, message),
         phase=Phase.ROLLING_BACK,
@@ -541,11 +598,12 @@ def _rolling_back(d: Draft) -> bool:
         update={"phase": WavePhase.FAILED if failed else WavePhase.COMPLETED, "completed_at": d.now.stamp}
     )
     if failed:
-        message = f"rollback to {rollback.version} failed on {len(failed)} workers: {', '.join(failed[:10])}"
+        on = counted(len(failed), "worker")
+        message = f"rollback to {rollback.version} failed on {on}: {', '.join(failed[:10])}"
         end, verdict = Phase.FAILED, Verdict(Phase.FAILED, RolloutReason.ROLLBACK_FAILED, message)
         event = EventReason.ROLLBACK_FAILED
     else:
-        message = f"rolled {back} workers back to {rollback.version} ({reason})"
+        message = f"rolled {counted(back, 'worker')} back to {rollback.version} ({reason})"
         end, verdict = Phase.ROLLED_BACK, Verdict(Phase.ROLLED_BACK, reason, message)
         event = EventReason.ROLLED_BACK
     d.set(verdict, phase=end, rollback=done, completed_at=d.now.stamp, message=message)
@@ -555,6 +613,7 @@ def _rolling_back(d: Draft) -> bool:
 
 
 TRANSITIONS: dict[State, Transition] = {
+    State.RETRY_IGNORED: _ignore_retry,
     State.CONFLICT: _conflict,
     State.START: _start,
     State.RETRY: _retry,

@@ -172,23 +172,29 @@ class Draft:
         return self.plan
 
 
-def derived_counters(status: CheckpointRolloutStatus, rollout: Rollout) -> dict[str, object]:
-    """Counters for kubectl and kstatus, re-derived from waves and workers on every step."""
+def updated_replicas(status: CheckpointRolloutStatus) -> int:
+    """Pods on the target version: completed waves' counts, and running waves' reported loads."""
     target = status.target_version
     done = [w for w in status.waves if w.phase is WavePhase.COMPLETED]
     running = {p for w in status.waves if w.phase is not WavePhase.COMPLETED for p in w.pods}
-    updated = sum(w.updated for w in done) + sum(
+    return sum(w.updated for w in done) + sum(
         1
         for name, e in status.workers.items()
         if name in running and e.version == target and e.phase is WorkerPhase.UPDATED
     )
+
+
+def derived_counters(status: CheckpointRolloutStatus, rollout: Rollout) -> dict[str, object]:
+    """Counters for kubectl and kstatus, re-derived from waves and workers on every step."""
+    target = status.target_version
+    done = [w for w in status.waves if w.phase is WavePhase.COMPLETED]
     failed = sum(1 for e in status.workers.values() if e.version == target and e.phase is WorkerPhase.FAILED)
     spec_done = sum(1 for w in done if w.kind is WaveKind.SPEC)
     total = len(rollout.spec.strategy.waves)
     return {
         "observed_generation": rollout.meta.generation,
         "replicas": len(rollout.pods),
-        "updated_replicas": updated,
+        "updated_replicas": updated_replicas(status),
         "failed_replicas": failed,
         "current_wave": spec_done,
         "total_waves": total,

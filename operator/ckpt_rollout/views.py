@@ -1,8 +1,14 @@
-"""Human views of a CheckpointRollout for `ckpt-rollout status` and `watch`. Pure."""
+"""Human views of a CheckpointRollout for `ckpt-rollout status` and `watch`, and the wording
+the operator's messages share. Pure."""
 
 from typing import Any
 
 from ckpt_api.vocabulary import FAILED_PHASES, Phase
+
+
+def counted(n: int, noun: str) -> str:
+    """``n`` and a regular noun, singular for exactly one: "1 pod", "0 pods", "2 pods"."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _cell(value: object) -> str:

@@ -1,0 +1,150 @@
+"""decide(), abort and rollback: who is rolled back, to what, and how a rollback ends.
+One row per situation, with the plan it must produce."""
+
+from __future__ import annotations
+
+import pytest
+from machine_kit import (
+    BIG,
+    CANARY,
+    NOW,
+    PODS,
+    REST,
+    STAMP,
+    TUNING,
+    Case,
+    assert_comes_to_rest,
+    assert_decides,
+    condition,
+    done,
+    entry,
+    ids,
+    progressing,
+    rollout,
+    wave,
+)
+
+from ckpt_api.vocabulary import (
+    ABORT_ANNOTATION,
+    ConditionType,
+    EventReason,
+    Phase,
+    RolloutReason,
+    WavePhase,
+)
+from ckpt_rollout.machine import State
+from ckpt_rollout.world import Memory, rfc3339
+
+CASES = [
+    Case(
+        "abort-rolls-the-called-pods-back",
+        rollout(progressing(done(0, [CANARY]), wave(1, REST)), annotations={ABORT_ANNOTATION: "v2"}),
+        State.ABORT,
+        Phase.ROLLING_BACK,
+        calls=sorted(PODS),
+        events=[EventReason.ROLLBACK_STARTED],
+        wake=TUNING.pull_after_s,
+        observe=lambda p: (
+            p.status.rollback
+            and (
+                p.status.rollback.version,
+                p.status.rollback.reason,
+                p.status.rollback.pods,
+                p.status.rollback.called,
+                p.status.rollback.started_at,
+            ),
+            {c.request.version for c in p.calls},
+        ),
+        observed=(("v1", RolloutReason.ABORTED, sorted(PODS), sorted(PODS), STAMP), {"v1"}),
+    ),
+    Case(
+        "aborting-a-paused-rollout-ends-its-pause",
+        rollout(
+            progressing(done(0, [CANARY]), phase="Paused", pausedAt=rfc3339(NOW.wall - 20), pausedSeconds=5),
+            spec={"strategy": {"pauseAfterWave": [0]}},
+            annotations={ABORT_ANNOTATION: "v2"},
+        ),
+        State.ABORT,
+        Phase.ROLLING_BACK,
+        calls=[CANARY],
+        events=[EventReason.ROLLBACK_STARTED],
+        wake=TUNING.pull_after_s,
+        observe=lambda p: (p.status.paused_at, p.status.paused_seconds, condition(p, ConditionType.PAUSED)),
+        observed=(None, 25, ("False", RolloutReason.ABORTED)),
+    ),
+    Case(
+        "abort-with-no-previous-version-fails-saying-so",
+        rollout(
+            {**progressing(wave(0, [CANARY])), "previousVersion": None},
+            annotations={ABORT_ANNOTATION: "v2"},
+        ),
+        State.ABORT,
+        Phase.FAILED,
+        events=[EventReason.ROLLOUT_FAILED],
+        observe=lambda p: (p.status.completed_at, condition(p, ConditionType.FAILED)),
+        observed=(STAMP, ("True", RolloutReason.ABORTED)),
+    ),
+    Case(
+        "a-rollback-done-is-rolled-back",
+        rollout(
+            progressing(
+                wave(0, [CANARY]),
+                phase="RollingBack",
+                rollback={"version": "v1", "reason": "Aborted", "pods": [CANARY], "called": [CANARY]},
+                workers={CANARY: entry("v1", "Updated")},
+            )
+        ),
+        State.ROLLING_BACK,
+        Phase.ROLLED_BACK,
+        events=[EventReason.ROLLED_BACK],
+        observe=lambda p: (
+            p.status.rollback and (p.status.rollback.phase, p.status.rollback.completed_at),
+            p.status.completed_at,
+            condition(p, ConditionType.STALLED),
+        ),
+        observed=((WavePhase.COMPLETED, STAMP), STAMP, ("True", RolloutReason.ABORTED)),
+    ),
+    Case(
+        "a-rollback-that-fails-is-reported",
+        rollout(
+            progressing(
+                wave(0, [CANARY]),
+                phase="RollingBack",
+                rollback={"version": "v1", "reason": "Aborted", "pods": [CANARY], "called": [CANARY]},
+                workers={CANARY: entry("v1", "Failed", "AgentUnreachable")},
+            )
+        ),
+        State.ROLLING_BACK,
+        Phase.FAILED,
+        events=[EventReason.WORKER_FAILED, EventReason.ROLLBACK_FAILED],
+        observe=lambda p: condition(p, ConditionType.FAILED),
+        observed=("True", RolloutReason.ROLLBACK_FAILED),
+    ),
+    Case(
+        "a-rollback-failing-on-many-workers-names-the-first-ten",
+        rollout(
+            progressing(
+                wave(0, BIG),
+                phase="RollingBack",
+                rollback={"version": "v1", "reason": "Aborted", "pods": BIG, "called": BIG},
+                workers={n: entry("v1", "Failed", "AgentUnreachable") for n in BIG},
+            ),
+            pods=BIG,
+            spec={"strategy": {"waves": ["100%"]}},
+        ),
+        State.ROLLING_BACK,
+        Phase.FAILED,
+        events=[EventReason.ROLLBACK_FAILED],
+        memory=Memory(announced={f"{n}/v1" for n in BIG}),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=ids(CASES))
+def test_decide(case: Case) -> None:
+    assert_decides(case)
+
+
+@pytest.mark.parametrize("case", CASES, ids=ids(CASES))
+def test_every_step_comes_to_rest(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert_comes_to_rest(case, monkeypatch)
