@@ -19,8 +19,10 @@
 #             beside kwok (e2e/ckpt_e2e/realnode.py): its container runtime, the CNI bridge/
 #             host-local/loopback plugins, the iptables kube-proxy programs inside the node's
 #             netns, and `ip` to make that netns
-#   dev       paddle + mooncake + bench + images + realnode + shellcheck: everything `make test`
-#             needs
+#   browser   chromium: the headless browser e2e/tests/test_dashboard.py drives (playwright,
+#             pointed at /usr/bin/chromium; its own browser downloads are never used)
+#   dev       paddle + mooncake + bench + images + realnode + browser + shellcheck: everything
+#             `make test` needs
 set -euo pipefail
 
 profile_packages() {
@@ -32,12 +34,13 @@ profile_packages() {
       echo "podman buildah mmdebstrap runc netavark aardvark-dns fuse-overlayfs slirp4netns uidmap catatonit"
       ;;
     realnode) echo "containerd containernetworking-plugins iptables iproute2" ;;
+    browser) echo "chromium" ;;
     dev)
       echo "$(profile_packages paddle) $(profile_packages mooncake) $(profile_packages bench)" \
-        "$(profile_packages images) $(profile_packages realnode) shellcheck"
+        "$(profile_packages images) $(profile_packages realnode) $(profile_packages browser) shellcheck"
       ;;
     *)
-      echo "install-system-deps: unknown profile '$1' (paddle, mooncake, bench, images, realnode, dev)" >&2
+      echo "install-system-deps: unknown profile '$1' (paddle, mooncake, bench, images, realnode, browser, dev)" >&2
       return 1
       ;;
   esac

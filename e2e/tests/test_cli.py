@@ -5,19 +5,22 @@ quietly. Against the local control plane."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
 
 from ckpt_e2e.fixtures import ClusterHandle
-from ckpt_e2e.procs import free_ports
-from ckpt_e2e.rollout_env import CLI, Rollouts, rollout_spec
+from ckpt_e2e.procs import PortReservation
+from ckpt_e2e.rollout_env import CLI, CheckpointSource, OperatorProcess, Rollouts, rollout_spec
+from ckpt_e2e.rollout_fixtures import Fleet
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +44,8 @@ def test_without_a_kubeconfig(tmp_path: Path) -> None:
 
 
 def test_with_the_apiserver_unreachable(tmp_path: Path) -> None:
-    (port,) = free_ports(1)  # nothing listens there
+    held = PortReservation(1)  # bound, never listening: connections are refused while held
+    (port,) = held.ports
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
         yaml.safe_dump(
@@ -55,7 +59,8 @@ def test_with_the_apiserver_unreachable(tmp_path: Path) -> None:
             }
         )
     )
-    result = _run("watch", "fleet", "--kubeconfig", str(kubeconfig))
+    with held:
+        result = _run("watch", "fleet", "--kubeconfig", str(kubeconfig))
     _one_line_error(result, 3, "cannot reach the apiserver")
 
 
@@ -111,3 +116,39 @@ def test_version_and_the_kubectl_plugin_name() -> None:
     assert plugin.exists(), "the package installs the kubectl plugin entry point"
     as_plugin = subprocess.run([str(plugin), "--version"], capture_output=True, text=True, timeout=60)
     assert as_plugin.stdout.split()[:2] == ["kubectl", "ckpt"], as_plugin.stdout
+
+
+def test_watch_prints_one_line_per_change_when_not_a_terminal(
+    cluster: ClusterHandle,
+    namespace: str,
+    fleet_factory: Callable[..., Fleet],
+    checkpoint_source: CheckpointSource,
+    operator: OperatorProcess,
+    rollouts: Rollouts,
+) -> None:
+    """Piped, `watch` follows the watch API to the end and prints what changed, a line each:
+    the rollout's summary, each wave as it starts and completes, each worker's state."""
+    fleet = fleet_factory(3)
+    rollouts.create(
+        "fleet", rollout_spec(checkpoint_source.url, "v2", fleet.labels, strategy={"waves": [1, "100%"]})
+    )
+    result = _run(
+        "watch", "fleet", "--kubeconfig", str(cluster.kubeconfig), "-n", namespace, "--timeout", "120"
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert not any("\r" in line or "\033" in line for line in lines), "no terminal control codes in a pipe"
+    assert lines[-1] == "v2 is live on 3 pods"
+    summaries = [line for line in lines if line.startswith(f"{namespace}/fleet ")]
+    assert summaries[-1] == f"{namespace}/fleet v2: Succeeded, 3/3 updated, 0 failed, waves 2/2", lines
+    status = rollouts.status("fleet")
+    (canary,) = status["waves"][0]["pods"]
+    rest = ", ".join(status["waves"][1]["pods"])
+    assert f"wave 1: Completed (1 pods: {canary})" in lines
+    assert f"wave 2: Completed (2 pods: {rest})" in lines
+    # Each worker ends Updated, and is named only when its state changes.
+    for pod in [canary, *status["waves"][1]["pods"]]:
+        mine = [line for line in lines if line.startswith(f"worker {pod}: ")]
+        assert mine[-1].startswith(f"worker {pod}: Updated v2"), mine
+        assert len(mine) == len(set(mine)), lines
+    assert all(a != b for a, b in itertools.pairwise(summaries)), "a line per change only"

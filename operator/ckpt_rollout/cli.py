@@ -38,7 +38,7 @@ GROUPS: tuple[CommandGroup, ...] = (
     CommandGroup(
         "ckpt_rollout.commands",
         "add_commands",
-        ("status", "watch", "pause", "resume", "promote", "abort", "retry"),
+        ("status", "watch", "pause", "resume", "promote", "abort", "retry", "dashboard"),
         "pip install 'ckpt-rollout[operator]'",
     ),
     CommandGroup(

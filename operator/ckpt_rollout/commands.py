@@ -1,5 +1,6 @@
-"""`ckpt-rollout status|watch|pause|resume|promote|abort NAME`: a CheckpointRollout through the
-user's kubeconfig, the kubectl way (`--kubeconfig`, `--context`, `-n`, `-o`).
+"""`ckpt-rollout status|watch|pause|resume|promote|abort|retry NAME` and `ckpt-rollout dashboard`:
+CheckpointRollouts through the user's kubeconfig, the kubectl way (`--kubeconfig`, `--context`,
+`-n`, `-o`).
 
 Everyday mistakes end in one line on stderr and an exit code, never a traceback:
 
@@ -21,85 +22,22 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ckpt_api.constants import GROUP, PLURAL, VERSION
-from ckpt_api.vocabulary import ABORT_ANNOTATION, FAILED_PHASES, PROMOTE_ANNOTATION, RETRY_ANNOTATION, Phase
-from ckpt_rollout.views import progress_line, status_table, watch_exit_code
+from ckpt_rollout import actions
+from ckpt_rollout.actions import EXIT_INTERRUPTED, ActionError, Target
+from ckpt_rollout.views import status_table, watch_exit_code
+from ckpt_rollout.watchtable import change_lines, render_table, rollout_view
 
-EXIT_UNREACHABLE, EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_API_ERROR, EXIT_INTERRUPTED = 3, 4, 5, 6, 130
-
-
-class CommandError(Exception):
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
+# Redraws the table from the top of a cleared screen.
+_HOME_AND_CLEAR = "\033[H\033[2J"
 
 
-def _api(args: argparse.Namespace) -> tuple[Any, str]:
-    from kubernetes import client, config
-
-    try:
-        config.load_kube_config(config_file=args.kubeconfig, context=args.context)
-        namespace = args.namespace
-        if namespace is None:
-            _, active = config.list_kube_config_contexts(config_file=args.kubeconfig)
-            namespace = (active or {}).get("context", {}).get("namespace") or "default"
-    except (config.ConfigException, OSError) as exc:
-        raise CommandError(f"no usable kubeconfig: {exc}", EXIT_UNREACHABLE) from None
-    return client.CustomObjectsApi(), namespace
-
-
-def _request(what: str, namespace: str, name: str, call: Callable[[], Any]) -> dict[str, Any]:
-    """One API call, its failures as CommandErrors."""
-    from kubernetes.client.exceptions import ApiException
-    from urllib3.exceptions import HTTPError
-
-    try:
-        obj: dict[str, Any] = call()
-        return obj
-    except ApiException as exc:
-        if exc.status == 404:
-            raise CommandError(f"checkpointrollout {namespace}/{name} not found", EXIT_NOT_FOUND) from None
-        reason = _api_message(exc)
-        raise CommandError(
-            f"{what} {namespace}/{name}: HTTP {exc.status}: {reason}", EXIT_API_ERROR
-        ) from None
-    except (HTTPError, OSError) as exc:
-        raise CommandError(f"cannot reach the apiserver: {_first_line(exc)}", EXIT_UNREACHABLE) from None
-
-
-def _api_message(exc: Any) -> str:
-    try:
-        return str(json.loads(exc.body).get("message") or exc.reason)
-    except (TypeError, ValueError, AttributeError):
-        return str(exc.reason)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return text.splitlines()[0][:300]
-
-
-def _get(api: Any, namespace: str, name: str) -> dict[str, Any]:
-    return _request(
-        "get",
-        namespace,
-        name,
-        lambda: api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name),
-    )
-
-
-def _patch(api: Any, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
-    return _request(
-        "patch",
-        namespace,
-        name,
-        lambda: api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, body),
-    )
+def _target(args: argparse.Namespace) -> Target:
+    return Target(kubeconfig=args.kubeconfig, context=args.context, namespace=args.namespace)
 
 
 def status_command(args: argparse.Namespace) -> int:
-    api, namespace = _api(args)
-    obj = _get(api, namespace, args.name)
+    api, namespace = actions.connect(_target(args))
+    obj = actions.get(api, namespace, args.name)
     if args.output == "json":
         print(json.dumps(obj, indent=2, sort_keys=True))
     elif args.output == "yaml":
@@ -113,134 +51,58 @@ def status_command(args: argparse.Namespace) -> int:
 
 def watch_command(args: argparse.Namespace) -> int:
     """Follow the rollout through the watch API (each change is pushed, no polling) until it
-    ends or --timeout passes."""
-    api, namespace = _api(args)
-    obj = _get(api, namespace, args.name)
+    ends or --timeout passes: on a terminal a table redrawn on every change, otherwise one line
+    per change."""
+    api, namespace = actions.connect(_target(args))
+    obj = actions.get(api, namespace, args.name)
     deadline = time.monotonic() + args.timeout if args.timeout else None
     tty = sys.stdout.isatty()
-    last = ""
+    shown: dict[str, Any] | None = None
     while True:
-        line = progress_line(obj)
-        if line != last:
-            sys.stdout.write(("\r\033[K" if tty else "") + line + ("" if tty else "\n"))
+        view = rollout_view(obj)
+        if view != shown:
+            if tty:
+                sys.stdout.write(_HOME_AND_CLEAR + render_table(view) + "\n")
+            else:
+                sys.stdout.writelines(line + "\n" for line in change_lines(shown, view))
             sys.stdout.flush()
-            last = line
+            shown = view
         code = watch_exit_code(obj)
         if code is not None:
-            if tty:
-                sys.stdout.write("\n")
             message = (obj.get("status") or {}).get("message")
             if message:
                 print(message)
             return code
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:
-            print(f"\nwatch: timed out after {args.timeout}s", file=sys.stderr)
+            print(f"watch: timed out after {args.timeout}s", file=sys.stderr)
             return 2
-        obj = _next_change(api, namespace, args.name, obj, left) or obj
+        obj = actions.next_change(api, namespace, args.name, obj, left) or obj
 
 
-def _next_change(
-    api: Any, namespace: str, name: str, obj: dict[str, Any], left: float | None
-) -> dict[str, Any] | None:
-    """The object after its next change, or None if none came within ``left`` (at most a minute:
-    then the caller looks again)."""
-    from kubernetes import watch
-    from kubernetes.client.exceptions import ApiException
+def _action_command(action: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        api, namespace = actions.connect(_target(args))
+        print(actions.ACTIONS[action](api, namespace, args.name))
+        return 0
 
-    wait_s = max(1, int(min(left if left is not None else 60.0, 60.0)))
-    version = (obj.get("metadata") or {}).get("resourceVersion")
-
-    def first_event() -> Any:
-        stream = watch.Watch().stream(
-            api.list_namespaced_custom_object,
-            GROUP,
-            VERSION,
-            namespace,
-            PLURAL,
-            field_selector=f"metadata.name={name}",
-            resource_version=version,
-            timeout_seconds=wait_s,
-        )
-        try:
-            for event in stream:
-                return event
-        except ApiException as exc:
-            if exc.status == 410:  # our version is too old to watch from
-                return {"type": "GONE"}
-            raise
-        return None
-
-    event = _request("watch", namespace, name, first_event)
-    if event is None:
-        return None
-    if event.get("type") in ("GONE", "ERROR"):  # start over from the object as it is now
-        return _get(api, namespace, name)
-    if event.get("type") == "DELETED":
-        raise CommandError(f"checkpointrollout {namespace}/{name} was deleted", EXIT_NOT_FOUND)
-    changed: dict[str, Any] = event.get("object") or {}
-    return changed
+    return run
 
 
-def pause_command(args: argparse.Namespace) -> int:
-    api, namespace = _api(args)
-    _patch(api, namespace, args.name, {"spec": {"paused": True}})
-    print(f"{args.name}: paused (in-flight loads finish; no new calls)")
-    return 0
+def dashboard_command(args: argparse.Namespace) -> int:
+    import asyncio
 
+    from ckpt_rollout.dashboard import serve
 
-def resume_command(args: argparse.Namespace) -> int:
-    api, namespace = _api(args)
-    _patch(api, namespace, args.name, {"spec": {"paused": False}})
-    print(f"{args.name}: resumed")
-    return 0
-
-
-def promote_command(args: argparse.Namespace) -> int:
-    """Continue past the pauseAfterWave the rollout waits at (the last completed wave)."""
-    api, namespace = _api(args)
-    obj = _get(api, namespace, args.name)
-    status = obj.get("status") or {}
-    phase = status.get("phase")
-    if phase != Phase.PAUSED or (obj.get("spec") or {}).get("paused"):
-        why = "spec.paused is set: use resume" if phase == Phase.PAUSED else f"phase is {phase or 'unknown'}"
-        raise CommandError(f"{args.name}: not paused after a wave ({why}); nothing to promote", EXIT_REFUSED)
-    completed = int(status.get("currentWave") or 0)
-    _patch(api, namespace, args.name, {"metadata": {"annotations": {PROMOTE_ANNOTATION: str(completed - 1)}}})
-    print(f"{args.name}: promoted past wave {completed}")
-    return 0
-
-
-def abort_command(args: argparse.Namespace) -> int:
-    api, namespace = _api(args)
-    version = (_get(api, namespace, args.name).get("spec") or {}).get("version")
-    _patch(api, namespace, args.name, {"metadata": {"annotations": {ABORT_ANNOTATION: version}}})
-    print(f"{args.name}: aborting {version}; updated workers go back to the previous version")
-    return 0
-
-
-def retry_command(args: argparse.Namespace) -> int:
-    """Roll the same version out again after it ended Failed or RolledBack."""
-    api, namespace = _api(args)
-    obj = _get(api, namespace, args.name)
-    phase = (obj.get("status") or {}).get("phase")
-    if phase not in FAILED_PHASES:
-        raise CommandError(
-            f"{args.name}: phase is {phase or 'unknown'}; only a Failed or RolledBack rollout is retried",
-            EXIT_REFUSED,
-        )
-    token = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + f".{time.time_ns() % 1_000_000:06d}"
-    _patch(api, namespace, args.name, {"metadata": {"annotations": {RETRY_ANNOTATION: token}}})
-    version = (obj.get("spec") or {}).get("version")
-    print(f"{args.name}: retrying {version} (was {phase})")
-    return 0
+    target = Target(kubeconfig=args.kubeconfig, context=args.context, namespace=args.namespace)
+    return asyncio.run(serve(target, args.all_namespaces, args.address, args.port))
 
 
 def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
             return func(args)
-        except CommandError as exc:
+        except ActionError as exc:
             print(f"ckpt-rollout {args.command}: {exc}", file=sys.stderr)
             return exc.code
         except KeyboardInterrupt:
@@ -250,8 +112,9 @@ def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Na
     return run
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", help="CheckpointRollout name")
+def _common(parser: argparse.ArgumentParser, *, named: bool = True) -> None:
+    if named:
+        parser.add_argument("name", help="CheckpointRollout name")
     parser.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig context's)")
     parser.add_argument("--context", help="kubeconfig context")
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
@@ -268,13 +131,28 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
     _common(watch)
     watch.add_argument("--timeout", type=float, default=0, help="give up after N seconds (0: never)")
     watch.set_defaults(func=_guarded(watch_command))
-    for name, func, text in (
-        ("pause", pause_command, "pause a rollout: in-flight loads finish, no new calls"),
-        ("resume", resume_command, "resume a paused rollout"),
-        ("promote", promote_command, "continue past a pauseAfterWave (refused unless paused there)"),
-        ("abort", abort_command, "stop a rollout and roll updated workers back"),
-        ("retry", retry_command, "roll the same version out again after Failed or RolledBack"),
+    dashboard = sub.add_parser(
+        "dashboard",
+        help="a local web page of the rollouts, live, with pause/resume/promote/abort/retry buttons",
+        description="Serve a live web page of the CheckpointRollouts in a namespace and print its URL. "
+        "The page acts with YOUR kubeconfig's credentials: anyone who can reach the address can "
+        "pause, promote or abort rollouts as you, so it listens on 127.0.0.1 by default; "
+        "bind another address only on a network you trust.",
+    )
+    _common(dashboard, named=False)
+    dashboard.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="show the rollouts of every namespace"
+    )
+    dashboard.add_argument("--address", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    dashboard.add_argument("--port", type=int, default=0, help="port to listen on (default 0: a free one)")
+    dashboard.set_defaults(func=_guarded(dashboard_command))
+    for name, text in (
+        ("pause", "pause a rollout: in-flight loads finish, no new calls"),
+        ("resume", "resume a paused rollout"),
+        ("promote", "continue past a pauseAfterWave (refused unless paused there)"),
+        ("abort", "stop a rollout and roll updated workers back"),
+        ("retry", "roll the same version out again after Failed or RolledBack"),
     ):
         parser = sub.add_parser(name, help=text)
         _common(parser)
-        parser.set_defaults(func=_guarded(func))
+        parser.set_defaults(func=_guarded(_action_command(name)))

@@ -149,6 +149,7 @@ def test_operator_probes_args_env_and_ports(helm: Helm) -> None:
         "--metrics-port=9090",
         "--agent-token-file=/var/run/secrets/ckpt-rollout/agent/token",
         "--agent-audience=ckpt-rollout-agent",
+        "--log-format=text",
     ]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"health": 8080, "metrics": 9090}
@@ -157,6 +158,12 @@ def test_operator_probes_args_env_and_ports(helm: Helm) -> None:
     env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
     assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
     assert rendered.one("Deployment")["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def test_log_format_reaches_the_operator_and_a_typo_fails_the_install(helm: Helm) -> None:
+    assert "--log-format=json" in _operator(helm.template({"logFormat": "json"}))["args"]
+    error = helm.template_error({"logFormat": "yaml"})
+    assert "logFormat" in error, error
 
 
 def test_agent_token_is_a_projected_token_for_the_agent_audience(helm: Helm) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -29,16 +30,22 @@ class AppServer:
         await self._runner.cleanup()
 
 
-async def serve_until_signalled(server: AppServer, banner: str) -> None:
-    """Start, print `banner` + the URL (scripts parse it to find a port-0 server), wait for
-    SIGINT/SIGTERM, then shut down cleanly."""
+async def serve_until_signalled(
+    server: AppServer, banner: str, announce: Callable[[str], None] | None = None
+) -> None:
+    """Start, print `banner` + the URL (scripts parse it to find a port-0 server), or hand it to
+    ``announce`` (JSON logs: a log record like every other line), wait for SIGINT/SIGTERM, then
+    shut down cleanly."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await server.start()
     try:
-        print(f"{banner} {server.url}", flush=True)
+        if announce is None:
+            print(f"{banner} {server.url}", flush=True)
+        else:
+            announce(f"{banner} {server.url}")
         await stop.wait()
     finally:
         await server.stop()

@@ -1,0 +1,54 @@
+"""The dashboard's pure parts: which Host headers it answers, and what one event carries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ckpt_rollout.dashboard import allowed_hosts, board_view
+
+
+@pytest.mark.parametrize(
+    ("address", "port", "hosts"),
+    [
+        ("127.0.0.1", 3100, {"127.0.0.1:3100", "localhost:3100"}),
+        ("::1", 3100, {"[::1]:3100", "localhost:3100"}),
+        ("10.1.2.3", 80, {"10.1.2.3:80"}),
+        ("0.0.0.0", 3100, None),  # every address: any name may be the right one
+        ("::", 3100, None),
+    ],
+)
+def test_allowed_hosts(address: str, port: int, hosts: set[str] | None) -> None:
+    allowed = allowed_hosts(address, port)
+    assert (None if allowed is None else set(allowed)) == hosts
+
+
+def _obj(name: str, phase: str | None, paused: bool = False) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": "rl", "name": name},
+        "spec": {"version": "v2", "paused": paused},
+        "status": {"phase": phase, "targetVersion": "v2", "currentWave": 1},
+    }
+
+
+def test_board_view_sorts_rollouts_and_says_why_actions_are_refused() -> None:
+    objects = {
+        ("rl", "b"): _obj("b", "Paused"),
+        ("rl", "a"): _obj("a", "RolledBack"),
+        ("rl", "c"): _obj("c", "Paused", paused=True),
+    }
+    board = board_view(objects, "watch: connection refused")
+    assert board["error"] == "watch: connection refused"
+    assert [v["name"] for v in board["rollouts"]] == ["a", "b", "c"]
+    refusals = {v["name"]: v["refusals"] for v in board["rollouts"]}
+    assert set(refusals["a"]) == {"pause", "resume", "promote", "abort", "retry"}
+    assert refusals["a"]["retry"] is None
+    assert refusals["a"]["promote"] == "not paused after a wave (phase is RolledBack); nothing to promote"
+    assert refusals["b"]["promote"] is None
+    assert refusals["b"]["retry"] == "phase is Paused; only a Failed or RolledBack rollout is retried"
+    assert (
+        refusals["c"]["promote"]
+        == "not paused after a wave (spec.paused is set: use resume); nothing to promote"
+    )
+    assert all(refusals[n][a] is None for n in "abc" for a in ("pause", "resume", "abort"))
