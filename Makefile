@@ -36,10 +36,10 @@ lock: install
 test: install system-deps provision images lint
 	$(BIN)/pytest
 
-# The tiers that need no cluster; helm (chart rendering) and shellcheck come with it, so a
-# fresh machine's `make unit` skips nothing either.
+# The tiers that need no cluster; helm (chart rendering), promtool (alert rule tests) and
+# shellcheck come with it, so a fresh machine's `make unit` skips nothing either.
 unit: install system-deps
-	python3 e2e/ckpt_e2e/provision.py helm > /dev/null
+	python3 e2e/ckpt_e2e/provision.py helm promtool > /dev/null
 	$(BIN)/pytest tests
 
 lint: install

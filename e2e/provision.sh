@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Provisions the local control plane (`make provision`, which README's `make test` and `make demo`
 # run): makes sure a Go toolchain exists, then builds (or finds cached) the pinned kube-apiserver,
-# controller-manager, scheduler, kubectl, the real node's kubelet and kube-proxy, etcd, kwok and
-# helm under ~/.cache/ckpt-rollout/bin/<version>/.
-# A warm cache makes this take a second; a cold build takes ~15-25 min on 2 cores. Re-runnable;
+# controller-manager, scheduler, kubectl, the real node's kubelet and kube-proxy, etcd, kwok,
+# helm, and prometheus + promtool (monitoring tests) under ~/.cache/ckpt-rollout/bin/<version>/.
+# A warm cache makes this take a second; a cold build takes ~20-30 min on 2 cores (prometheus
+# and promtool alone ~6 min). Re-runnable;
 # output of the Go build goes to ~/.cache/ckpt-rollout/build/<component>-<version>.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."

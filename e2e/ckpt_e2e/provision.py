@@ -34,9 +34,9 @@ from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script before the package is installed
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from ckpt_e2e.versions import BINARIES, COMPONENTS, Component
+    from ckpt_e2e.versions import BINARIES, COMPONENTS, Component, prometheus_release
 else:
-    from .versions import BINARIES, COMPONENTS, Component
+    from .versions import BINARIES, COMPONENTS, Component, prometheus_release
 
 
 class ProvisionError(RuntimeError):
@@ -265,8 +265,14 @@ def _release_urls(component: Component, name: str) -> tuple[str, str | None, str
             None,
             None,
         )
-    url = f"https://get.helm.sh/helm-{v}-linux-{arch}.tar.gz"
-    return url, f"linux-{arch}/helm", url + ".sha256sum"
+    if component.name == "prometheus":
+        stem = f"prometheus-{prometheus_release(v)}.linux-{arch}"
+        base = f"https://github.com/prometheus/prometheus/releases/download/v{prometheus_release(v)}"
+        return f"{base}/{stem}.tar.gz", f"{stem}/{name}", None
+    if component.name == "helm":
+        url = f"https://get.helm.sh/helm-{v}-linux-{arch}.tar.gz"
+        return url, f"linux-{arch}/helm", url + ".sha256sum"
+    raise ProvisionError(f"{name}: no release download known for component {component.name}")
 
 
 def download(name: str) -> Path:

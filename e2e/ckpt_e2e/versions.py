@@ -11,6 +11,8 @@ KUBERNETES = "v1.37.2"
 ETCD = "v3.6.16"
 KWOK = "v0.8.0"
 HELM = "v3.22.0"
+# Prometheus tags its Go module v0.3XX.Y for release 3.XX.Y.
+PROMETHEUS = "v0.316.0"
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,17 @@ def _k8s_ldflags(version: str) -> tuple[str, ...]:
             f"-X {pkg}.buildDate=1970-01-01T00:00:00Z",
         ]
     return tuple(flags)
+
+
+def prometheus_release(module_version: str) -> str:
+    """The release a Prometheus module tag is: v0.316.0 -> 3.16.0."""
+    minor, patch = module_version.lstrip("v").split(".")[1:]
+    return f"{int(minor) // 100}.{int(minor) % 100}.{patch}"
+
+
+def _prometheus_ldflags(version: str) -> tuple[str, ...]:
+    # Without this `prometheus --version` and its build_info metric report an empty version.
+    return (f"-X github.com/prometheus/common/version.Version={prometheus_release(version)}",)
 
 
 COMPONENTS: tuple[Component, ...] = (
@@ -78,6 +91,19 @@ COMPONENTS: tuple[Component, ...] = (
         version=HELM,
         packages={"helm": "helm.sh/helm/v3/cmd/helm"},
         ldflags=(f"-X helm.sh/helm/v3/internal/version.version={HELM}",),
+    ),
+    Component(
+        name="prometheus",
+        module="github.com/prometheus/prometheus",
+        version=PROMETHEUS,
+        # Monitoring tests only: a real server scraping the operator and agents, and promtool
+        # to unit-test the chart's alert rules. The web UI assets are not built in (the
+        # `builtinassets` tag needs npm); the HTTP API is all the tests use.
+        packages={
+            "prometheus": "github.com/prometheus/prometheus/cmd/prometheus",
+            "promtool": "github.com/prometheus/prometheus/cmd/promtool",
+        },
+        ldflags=_prometheus_ldflags(PROMETHEUS),
     ),
 )
 

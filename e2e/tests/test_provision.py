@@ -143,3 +143,34 @@ def test_parallel_clusters_claim_disjoint_pod_cidrs() -> None:
     finally:
         for lock in first_locks + second_locks:
             lock.close()
+
+
+def test_a_module_without_staging_gets_a_plain_wrapper(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replace directives are for k8s.io/kubernetes's staging modules only: Prometheus's wrapper
+    requires the published module and nothing else (no `go mod download` to read replaces)."""
+
+    def no_go(*args: object, **kwargs: object) -> str:
+        raise AssertionError(f"go run for a plain wrapper: {args}")
+
+    monkeypatch.setattr(provision, "_run_go", no_go)
+    gomod = provision._wrapper_gomod(versions.BINARIES["promtool"])
+    assert f"require github.com/prometheus/prometheus {versions.PROMETHEUS}" in gomod
+    assert "replace" not in gomod
+
+
+def test_prometheus_and_promtool_share_one_component() -> None:
+    component = versions.BINARIES["prometheus"]
+    assert versions.BINARIES["promtool"] is component
+    assert {provision._go_binary_name(p) for p in component.packages.values()} == {"prometheus", "promtool"}
+
+
+@pytest.mark.parametrize(("module_version", "release"), [("v0.316.0", "3.16.0"), ("v0.300.1", "3.0.1")])
+def test_prometheus_module_tags_map_to_releases(module_version: str, release: str) -> None:
+    assert versions.prometheus_release(module_version) == release
+
+
+def test_prometheus_download_names_the_release_tarball_member() -> None:
+    release = versions.prometheus_release(versions.PROMETHEUS)
+    url, member, _ = provision._release_urls(versions.BINARIES["promtool"], "promtool")
+    assert url.endswith(f"/v{release}/prometheus-{release}.linux-{provision._ARCH}.tar.gz")
+    assert member == f"prometheus-{release}.linux-{provision._ARCH}/promtool"

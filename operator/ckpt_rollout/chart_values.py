@@ -75,6 +75,11 @@ class PullPolicy(StrEnum):
     NEVER = "Never"
 
 
+class LogFormat(StrEnum):
+    TEXT = "text"
+    JSON = "json"
+
+
 class Image(ApiModel):
     repository: Annotated[
         str,
@@ -216,6 +221,69 @@ class PodMonitor(ApiModel):
     labels: Annotated[dict[str, str], _field("Extra labels, e.g. the one your Prometheus selects on.")] = {}
 
 
+# The `job` label the alert rules select agents by; the chart's agent PodMonitor sets it.
+DEFAULT_AGENT_JOB = "ckpt-rollout-agent"
+_LABEL_VALUE = r"^[A-Za-z0-9_.:/-]+$"
+
+
+class PrometheusRule(ApiModel):
+    enabled: Annotated[
+        bool,
+        _field(
+            "Create a prometheus-operator PrometheusRule with the rollout and agent alerts (needs its CRD)."
+        ),
+    ] = False
+    labels: Annotated[dict[str, str], _field("Extra labels, e.g. the one your Prometheus selects on.")] = {}
+    agent_job: Annotated[
+        str,
+        _field(
+            "The `job` label of the agents' scrape target in your Prometheus: what "
+            "metrics.agentPodMonitor sets; set it to your own job's name if you scrape agents otherwise.",
+            pattern=_LABEL_VALUE,
+        ),
+    ] = DEFAULT_AGENT_JOB
+
+
+class AgentPodMonitor(ApiModel):
+    enabled: Annotated[
+        bool,
+        _field("Create a prometheus-operator PodMonitor scraping every worker agent's metrics port."),
+    ] = False
+    namespaces: Annotated[
+        Namespaces, _field("Namespaces of the worker pods; empty means the release namespace.")
+    ] = []
+    selector: Annotated[
+        dict[str, str],
+        _field("matchLabels of the worker pods (examples/worker-deployment.yaml's by default)."),
+    ] = {"app": "rollout-worker"}
+    port: Annotated[
+        str, _field("Name of the agent's metrics container port (--metrics-port).", pattern=_DNS_LABEL)
+    ] = "metrics"
+    interval: Annotated[str, _field("Scrape interval.", pattern=_DURATION)] = "30s"
+    scrape_timeout: Annotated[str, _field("Scrape timeout.", pattern=_DURATION)] = "10s"
+    labels: Annotated[dict[str, str], _field("Extra labels, e.g. the one your Prometheus selects on.")] = {}
+
+
+class GrafanaDashboard(ApiModel):
+    enabled: Annotated[
+        bool, _field("Ship the Grafana dashboard as a ConfigMap for Grafana's dashboard sidecar.")
+    ] = False
+    namespace: Annotated[
+        str,
+        _field(
+            "Namespace of the ConfigMap (where your sidecar looks); empty means the release namespace.",
+            pattern=_NAME_OR_EMPTY,
+            max_length=63,
+        ),
+    ] = ""
+    labels: Annotated[
+        dict[str, str], _field("Labels on the ConfigMap: the one the sidecar selects on by default.")
+    ] = {"grafana_dashboard": "1"}
+    annotations: Annotated[
+        dict[str, str], _field("Annotations on the ConfigMap, e.g. the sidecar's target folder.")
+    ] = {}
+
+
 class Metrics(ApiModel):
     port: Annotated[int, _field("Port of the Prometheus endpoint (/metrics).", ge=1, le=65535)] = 9090
     service: Annotated[MetricsService, _field("Service for the metrics port.")] = MetricsService()
@@ -223,6 +291,15 @@ class Metrics(ApiModel):
         ServiceMonitor()
     )
     pod_monitor: Annotated[PodMonitor, _field("PodMonitor scraping the pods directly.")] = PodMonitor()
+    agent_pod_monitor: Annotated[AgentPodMonitor, _field("PodMonitor scraping the worker agents.")] = (
+        AgentPodMonitor()
+    )
+    prometheus_rule: Annotated[PrometheusRule, _field("Alert rules for rollouts and agents.")] = (
+        PrometheusRule()
+    )
+    dashboard: Annotated[GrafanaDashboard, _field("Grafana dashboard of rollouts and agents.")] = (
+        GrafanaDashboard()
+    )
 
 
 class WorkerServiceAccount(ApiModel):
@@ -283,6 +360,13 @@ class ChartValues(ApiModel):
     rbac: Annotated[Rbac, _field("The operator's RBAC.")] = Rbac()
     agent_auth: Annotated[AgentAuth, _field("How the operator authenticates to worker agents.")] = AgentAuth()
     health_port: Annotated[int, _field("Port of the liveness endpoint (/healthz).", ge=1, le=65535)] = 8080
+    log_format: Annotated[
+        LogFormat,
+        _field(
+            "Operator log lines: text, or json (one object per line: timestamp, severity, message; "
+            "the agent's --log-format json / CKPT_LOG_FORMAT writes the same fields)."
+        ),
+    ] = LogFormat.TEXT
     metrics: Annotated[Metrics, _field("Prometheus metrics.")] = Metrics()
     probes: Annotated[Probes, _field("Probe timings.")] = Probes()
     resources: Annotated[ResourceList, _field("Operator container resources.")] = ResourceList(

@@ -97,7 +97,6 @@ class RolloutLoops:
                         waker.written = resource_version(stepped)
                 except ApiException as exc:
                     if exc.status == 404:
-                        metrics.forget(key)
                         return
                     log.warning("%s/%s: API error %s, retrying", namespace, name, exc.status)
                     delay = RETRY_S
@@ -112,5 +111,8 @@ class RolloutLoops:
                 if delay is None or delay > 0:
                     await waker.sleep(stopped, delay)
         finally:
+            # Deleted, or handed to another replica: its gauges must not outlive the loop (a
+            # stale Failed phase would keep an alert firing).
+            metrics.forget(key)
             self.pods.unsubscribe(namespace, waker.event)
             self.wakers.pop(key, None)

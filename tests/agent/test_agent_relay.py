@@ -59,6 +59,9 @@ async def test_agent_loads_from_a_peer_over_http(
     last = status["last_load"]
     assert (last["peer"], last["fallback_reason"]) == (peer.url, None)
     assert (last["bytes_from_peer"], last["bytes_from_source"]) == (_total(tree, "v2"), 0)
+    pulled = "ckpt_agent_pulled_bytes_total"
+    assert await client.metric(pulled, {"origin": "peer"}) == _total(tree, "v2")
+    assert await client.metric(pulled, {"origin": "source"}) == _total(tree, "v1"), "the initial load"
     assert close_to(await client.infer(), tree.expected("v2"))
     # The new holder relays it in turn (wave relay).
     assert status["relay"]["version"] == "v2"
@@ -101,6 +104,10 @@ async def test_a_peer_serving_corrupted_bytes_cannot_inject_weights(
     assert last["fallback_reason"].startswith("ChecksumMismatch")
     assert entry.name in last["fallback_reason"]
     assert last["bytes_from_source"] == _total(tree, "v2")
+    # The peer's bytes up to the bad tensor were pulled too, then the whole version again.
+    pulled = "ckpt_agent_pulled_bytes_total"
+    assert 0 < await client.metric(pulled, {"origin": "peer"}) <= _total(tree, "v2")
+    assert await client.metric(pulled, {"origin": "source"}) == _total(tree, "v1") + _total(tree, "v2")
     assert close_to(await client.infer(), tree.expected("v2"))
 
 

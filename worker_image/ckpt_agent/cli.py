@@ -8,9 +8,11 @@ import asyncio
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ckpt_agent.logformat import FORMATS, setup_logging
 from ckpt_api.constants import DEFAULT_AGENT_METRICS_PORT, DEFAULT_AGENT_PORT
 
 SubParsers = Any  # argparse._SubParsersAction is private; this is what add_parser is called on
@@ -18,8 +20,22 @@ SubParsers = Any  # argparse._SubParsersAction is private; this is what add_pars
 DEFAULT_SOURCE_PORT = 8090
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def _setup_logging(args: argparse.Namespace) -> Callable[[str], None] | None:
+    """Configures logging; returns how to announce the server's URL (None: print it)."""
+    setup_logging(args.log_level, args.log_format)
+    # In JSON, every line of the process is an object, the "listening on" one included.
+    return logging.getLogger("ckpt_agent").info if args.log_format == "json" else None
+
+
+def _add_logging_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log-level", default="info")
+    p.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default=os.environ.get("CKPT_LOG_FORMAT", "text"),
+        help="json: one object per line, the operator's fields (timestamp, severity, message); "
+        "env CKPT_LOG_FORMAT",
+    )
 
 
 # -- publish ---------------------------------------------------------------------------------------
@@ -57,7 +73,7 @@ def _serve(args: argparse.Namespace) -> int:
     from ckpt_agent.httpserver import AppServer, serve_until_signalled
     from ckpt_agent.serve import create_source_app
 
-    _setup_logging(args.log_level)
+    announce = _setup_logging(args)
     root = Path(args.root)
     if not root.is_dir():
         print(f"ckpt-rollout serve: {root} is not a directory", file=sys.stderr)
@@ -83,7 +99,7 @@ def _serve(args: argparse.Namespace) -> int:
             return 1
         exports = directory_exports(engine, root, DEFAULT_MAX_MANIFEST_BYTES, keep=args.mooncake_keep)
     server = AppServer(create_source_app(root, exports), args.host, args.port)
-    asyncio.run(serve_until_signalled(server, f"serving {root} on"))
+    asyncio.run(serve_until_signalled(server, f"serving {root} on", announce))
     return 0
 
 
@@ -147,14 +163,18 @@ def _or_default(value: float | None, name: str) -> float:
     return float(getattr(AgentConfig, name)) if value is None else value
 
 
-async def _agent_main(config: Any) -> None:
+async def _agent_main(config: Any, announce: Callable[[str], None] | None) -> None:
     from ckpt_agent.agent import build_agent
     from ckpt_agent.httpserver import serve_until_signalled
 
     agent = await build_agent(config)
     try:
-        await serve_until_signalled(agent.server, f"ckpt-agent ({config.engine}) listening on")
+        if agent.metrics_server is not None:  # the credential-free /metrics port, for Prometheus
+            await agent.metrics_server.start()
+        await serve_until_signalled(agent.server, f"ckpt-agent ({config.engine}) listening on", announce)
     finally:
+        if agent.metrics_server is not None:
+            await agent.metrics_server.stop()
         if agent.api_client is not None:
             await agent.api_client.close()
 
@@ -174,7 +194,7 @@ def _missing_engine_package(engine: str) -> str | None:
 def _agent(args: argparse.Namespace) -> int:
     from ckpt_agent.config import ConfigError
 
-    _setup_logging(args.log_level)
+    announce = _setup_logging(args)
     config = config_from_args(args)
     try:
         config.validate()
@@ -188,7 +208,7 @@ def _agent(args: argparse.Namespace) -> int:
     from ckpt_agent.engines.disk_staged import EngineMisconfigured
 
     try:
-        asyncio.run(_agent_main(config))
+        asyncio.run(_agent_main(config, announce))
     except (ConfigError, EngineMisconfigured, BootCheckpointError) as exc:
         # A key file that cannot be read, an engine that cannot do what the agent needs, or
         # boot weights the engine cannot hold.
@@ -298,7 +318,7 @@ def _add_agent_parser(sub: SubParsers) -> None:
         default=None,
         help="write status.workers.<pod> and the WeightsReady condition (default: when in a cluster)",
     )
-    p.add_argument("--log-level", default="info")
+    _add_logging_arguments(p)
     p.set_defaults(func=_agent)
 
 
@@ -338,7 +358,7 @@ def add_commands(sub: SubParsers) -> None:
     p.add_argument("--mooncake-host", help="address agents reach the engine at (default: --host)")
     p.add_argument("--mooncake-device", default="", help="RDMA devices (default: discover)")
     p.add_argument("--mooncake-keep", type=int, default=4, help="versions kept registered")
-    p.add_argument("--log-level", default="info")
+    _add_logging_arguments(p)
     p.set_defaults(func=_serve)
 
     _add_agent_parser(sub)

@@ -6,11 +6,13 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+
+import prometheus_client
 
 from ckpt_agent.engines.base import Engine, LiveWeights, LoadJob, LoadOutcome
 from ckpt_agent.errors import LoadError, Reason, RequestError
-from ckpt_agent.metrics import AgentMetrics
+from ckpt_agent.metrics import PEER, SOURCE, AgentMetrics
 from ckpt_agent.pause_gate import LOAD, USER, PauseGate
 from ckpt_agent.reader import LoadProgress
 from ckpt_agent.relay.copy import RelayCopy
@@ -237,7 +239,7 @@ class AgentService:
                 rollout, job.version, WorkerPhase.LOADING, Reason.LOADING, f"loading {job.version}", 0, 0.0
             )
         try:
-            outcome = await self._load(job)
+            outcome = await self._load(job, rollout.name if rollout else None)
         except Exception as exc:
             error = (
                 exc if isinstance(exc, LoadError) else LoadError(Reason.ENGINE_ERROR, f"load failed: {exc!r}")
@@ -284,20 +286,24 @@ class AgentService:
         paused = self.gate.held_seconds.get(LOAD, 0.0)
         return LoadEnd(job.version, error, seconds, min(paused, seconds), nbytes, verified)
 
-    async def _load(self, job: LoadJob) -> LoadOutcome:
+    async def _load(self, job: LoadJob, rollout: str | None) -> LoadOutcome:
         """The engine's load; if the peer failed or sent bad bytes, the whole load again from
         the original source."""
         self._fallback, self._peer_bytes = None, 0
         try:
-            return await self.engine.load(job, self.gate, self.progress)
+            return await self._attempt(job, rollout)
         except LoadError as exc:
             if job.peer is None or exc.weights_lost or not is_peer_fault(exc):
                 raise
             self._fallback = f"{exc.reason}: {exc.message}"
         self._peer_bytes = self.progress.bytes_done
         log.warning("peer load of %s failed (%s); falling back to the source", job.version, self._fallback)
-        self.progress = LoadProgress()
-        return await self.engine.load(replace(job, peer=None, bearer=None), self.gate, self.progress)
+        return await self._attempt(replace(job, peer=None, bearer=None), rollout)
+
+    async def _attempt(self, job: LoadJob, rollout: str | None) -> LoadOutcome:
+        # Each attempt from zero, counted by origin: a failing peer's bytes cost bandwidth too.
+        self.progress = _CountedProgress(counter=self.metrics.pulled(rollout, PEER if job.peer else SOURCE))
+        return await self.engine.load(job, self.gate, self.progress)
 
     def _ready(self, message: str) -> None:
         if self._confirmed:
@@ -411,3 +417,15 @@ class AgentService:
             engine=self.engine.describe(),
             report=self.reporter.describe(),
         )
+
+
+@dataclass
+class _CountedProgress(LoadProgress):
+    """Progress that also counts the bytes as they arrive, so the pulled-bytes rate shows the
+    throughput during a long load, not a spike at its end."""
+
+    counter: prometheus_client.Counter = field(kw_only=True)
+
+    def add(self, n: int) -> None:
+        super().add(n)
+        self.counter.inc(n)
