@@ -3,8 +3,9 @@
 import pytest
 from pydantic import ValidationError
 
+from ckpt_api.manifest import is_valid_file_name
 from ckpt_api.spec import CheckpointRolloutSpec, Strategy
-from ckpt_api.versions import validate_version
+from ckpt_api.versions import parse_percent, validate_version
 from ckpt_e2e.testdata import INVALID_SPECS, InvalidSpec, valid_spec, valid_spec_defaults
 
 
@@ -68,3 +69,25 @@ def test_max_failures_accepts_zero_percent_and_ints() -> None:
     assert CheckpointRolloutSpec.model_validate(spec).failure_policy.max_failures == "0%"
     spec = {**valid_spec(), "failurePolicy": {"maxFailures": 3}}
     assert CheckpointRolloutSpec.model_validate(spec).failure_policy.max_failures == 3
+
+
+@pytest.mark.parametrize(
+    ("check", "value"),
+    [
+        (validate_version, "v2"),
+        (parse_percent, "25%"),
+        (is_valid_file_name, "model-00001-of-00002.safetensors"),
+    ],
+)
+def test_a_name_with_a_final_newline_is_refused_where_the_name_is_accepted(check: object, value: str) -> None:
+    """Python's `$` also matches before a final newline: each pattern must match the whole text."""
+
+    def accepted(text: str) -> bool:
+        try:
+            result = check(text)  # type: ignore[operator]
+        except ValueError:
+            return False
+        return result is not False
+
+    assert accepted(value)
+    assert not accepted(value + "\n")

@@ -106,7 +106,7 @@ MAX_RANK = 16
 
 def is_valid_file_name(name: str) -> bool:
     """A file name a version may hold: one path component, no '..', not the manifest itself."""
-    return bool(_FILE_NAME.match(name)) and ".." not in name and name != MANIFEST_NAME
+    return bool(_FILE_NAME.fullmatch(name)) and ".." not in name and name != MANIFEST_NAME
 
 
 def tensor_nbytes(dtype: str, shape: tuple[int, ...] | list[int]) -> int:

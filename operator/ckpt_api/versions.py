@@ -21,7 +21,8 @@ def validate_version(version: object) -> str:
         raise ValueError(f"version {version!r} contains '/'")
     if ".." in version:
         raise ValueError(f"version {version!r} contains '..'")
-    if not _VERSION_RE.match(version):
+    # fullmatch: with match, the pattern's `$` also matches before a final newline ("v2\n").
+    if not _VERSION_RE.fullmatch(version):
         raise ValueError(
             f"version {version!r} must start with a letter or digit and contain only "
             "letters, digits, '.', '_' and '-'"
@@ -32,7 +33,7 @@ def validate_version(version: object) -> str:
 def parse_percent(value: str, *, allow_zero: bool = False) -> int:
     """'25%' -> 25. Raises ValueError naming the accepted range."""
     pattern = _PERCENT_OR_ZERO_RE if allow_zero else _PERCENT_RE
-    if not pattern.match(value):
+    if not pattern.fullmatch(value):
         lo = 0 if allow_zero else 1
         raise ValueError(f"{value!r} is not a percentage between {lo}% and 100% (e.g. '25%')")
     return int(value[:-1])

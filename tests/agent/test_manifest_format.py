@@ -15,7 +15,14 @@ from safetensors import safe_open
 
 from ckpt_agent.dtypes import BITS, ITEM_SIZES, PACKED, from_numpy, nbytes_of, numpy_dtype
 from ckpt_agent.errors import LoadError, Reason
-from ckpt_agent.manifest import ExtraFile, Manifest, TensorEntry, encode_manifest, parse_manifest
+from ckpt_agent.manifest import (
+    ExtraFile,
+    Manifest,
+    TensorEntry,
+    encode_manifest,
+    is_valid_digest,
+    parse_manifest,
+)
 from ckpt_api.manifest import DTYPE_BITS, FORMAT_VERSION, render_schema
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -178,3 +185,9 @@ def test_numpy_holders() -> None:
     assert from_numpy(np.dtype("complex64")) == "C64"
     with pytest.raises(ValueError, match="no safetensors name"):
         from_numpy(np.dtype("complex128"))
+
+
+def test_a_digest_with_a_final_newline_is_not_a_digest() -> None:
+    digest = "sha256:" + "0" * 64
+    assert is_valid_digest(digest)
+    assert not is_valid_digest(digest + "\n")

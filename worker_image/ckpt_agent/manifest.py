@@ -133,7 +133,7 @@ def manifest_digest(raw: bytes) -> str:
 
 
 def is_valid_digest(value: str) -> bool:
-    return bool(_DIGEST.match(value))
+    return bool(_DIGEST.fullmatch(value))
 
 
 def parse_manifest(raw: bytes, *, expected_version: str | None = None) -> Manifest:

@@ -104,7 +104,7 @@ def parse_descriptor(raw: bytes) -> Descriptor:
         raise InvalidDescriptor("manifest must be a string")
     if protocol not in PROTOCOLS:
         raise InvalidDescriptor(f"unknown protocol {protocol!r}")
-    if not isinstance(session, str) or not _SESSION.match(session):
+    if not isinstance(session, str) or not _SESSION.fullmatch(session):
         raise InvalidDescriptor(f"bad session {session!r}")
     if not isinstance(files, dict):
         raise InvalidDescriptor("files must be an object")

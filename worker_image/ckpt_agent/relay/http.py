@@ -48,7 +48,7 @@ def _copy_for(current: CurrentCopy, version: str) -> RelayCopy | web.Response:
 
 def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     """[start, end) of a single `bytes=a-b` range, clamped to the size; None for no/bad Range."""
-    match = _RANGE.match(header or "")
+    match = _RANGE.fullmatch(header or "")
     if not match:
         return None
     start = int(match.group(1))

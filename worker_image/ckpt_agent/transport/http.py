@@ -132,7 +132,7 @@ def _check_range_response(resp: http.client.HTTPResponse, file: str, start: int,
         return
     if resp.status != 206:
         raise LoadError(Reason.SOURCE_UNREACHABLE, f"source answered HTTP {resp.status} for {file}")
-    match = _CONTENT_RANGE.match(resp.getheader("Content-Range") or "")
+    match = _CONTENT_RANGE.fullmatch(resp.getheader("Content-Range") or "")
     if not match or int(match.group(1)) != start:
         raise LoadError(Reason.SOURCE_UNREACHABLE, f"source sent a bad Content-Range for {file}")
     if int(match.group(2)) + 1 < end:
