@@ -20,6 +20,7 @@ import fcntl
 import json
 import secrets
 import shutil
+import signal
 import ssl
 import subprocess
 import sys
@@ -169,6 +170,20 @@ class LocalCluster:
             self._components[index] = fresh
             api = self.admin_api()
             self._wait(fresh, lambda: api.ok("/readyz"), "kube-apiserver /readyz after a restart")
+
+    @contextmanager
+    def apiserver_frozen(self) -> Iterator[None]:
+        """kube-apiserver is stopped (SIGSTOP) for the block: the kernel still completes TCP
+        handshakes on its port, so every call hangs instead of failing — a hung apiserver.
+        It continues (SIGCONT) after the block; returns once it answers /readyz again."""
+        comp = next(c for c in self._components if c.name == "kube-apiserver")
+        comp.proc.send_signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            comp.proc.send_signal(signal.SIGCONT)
+            api = self.admin_api()
+            self._wait(comp, lambda: api.ok("/readyz"), "kube-apiserver /readyz after a freeze")
 
     # ------------------------------------------------------------------ steps
 

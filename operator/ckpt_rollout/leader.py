@@ -50,6 +50,10 @@ class LeaseElector:
         self.identity = identity or f"{socket.gethostname()}-{os.getpid()}"
         self.duration_s = duration_s
         self.renew_every_s = renew_every_s
+        # Every Lease call gives up after this long: a hung apiserver must not hold a renewal
+        # past the moment the lease could lapse (the watchdog exits regardless, see below).
+        self.call_timeout_s = renew_every_s
+        self.holder: str | None = None  # the holder the last attempt saw
 
     def _try(self) -> bool:
         """One attempt to acquire or renew; the apiserver's resourceVersion check makes it
@@ -58,7 +62,9 @@ class LeaseElector:
 
         now = _now()
         try:
-            lease = self._api.read_namespaced_lease(LEASE_NAME, self.namespace)
+            lease = self._api.read_namespaced_lease(
+                LEASE_NAME, self.namespace, _request_timeout=self.call_timeout_s
+            )
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -72,13 +78,15 @@ class LeaseElector:
                 ),
             )
             try:
-                self._api.create_namespaced_lease(self.namespace, body)
+                self._api.create_namespaced_lease(self.namespace, body, _request_timeout=self.call_timeout_s)
+                self.holder = self.identity
                 return True
             except ApiException as create_exc:
                 if create_exc.status == 409:
                     return False
                 raise
         spec = lease.spec
+        self.holder = spec.holder_identity
         renewed = _parse(spec.renew_time)
         expired = renewed is None or now > renewed + timedelta(seconds=spec.lease_duration_seconds or 0)
         if spec.holder_identity != self.identity and not expired:
@@ -90,7 +98,10 @@ class LeaseElector:
         spec.lease_duration_seconds = self.duration_s
         spec.renew_time = _fmt(now)
         try:
-            self._api.replace_namespaced_lease(LEASE_NAME, self.namespace, lease)
+            self._api.replace_namespaced_lease(
+                LEASE_NAME, self.namespace, lease, _request_timeout=self.call_timeout_s
+            )
+            self.holder = self.identity
             return True
         except ApiException as exc:
             if exc.status == 409:  # someone else wrote first
@@ -104,21 +115,38 @@ class LeaseElector:
         log.info("acquired lease %s/%s", self.namespace, LEASE_NAME)
 
     def keep_renewing(self) -> threading.Thread:
-        def loop() -> None:
-            last_ok = time.monotonic()
+        """Renew in one thread; exit the process at once when another replica holds the lease,
+        and from a second thread (a watchdog that does not wait on any call) when no renewal
+        has succeeded for longer than the lease would outlive it, a hung call included. Either
+        way this replica stops before a standby may take over, so two never lead at once."""
+        last_ok = [time.monotonic()]
+
+        def lose(why: str) -> None:
+            log.error(
+                "lost lease %s/%s (%s); exiting so a standby takes over", self.namespace, LEASE_NAME, why
+            )
+            os._exit(1)
+
+        def renew() -> None:
             while True:
                 time.sleep(self.renew_every_s)
                 try:
                     if self._try():
-                        last_ok = time.monotonic()
-                        continue
-                except Exception:  # network blips: keep trying until the lease would lapse
+                        last_ok[0] = time.monotonic()
+                    elif self.holder not in (None, self.identity):
+                        lose(f"held by {self.holder}")
+                except Exception:  # network blips: keep trying; the watchdog bounds how long
                     log.exception("lease renewal failed")
-                if time.monotonic() - last_ok > self.duration_s - self.renew_every_s:
-                    log.error("lost lease %s/%s; exiting so a standby takes over", self.namespace, LEASE_NAME)
-                    os._exit(1)
 
-        thread = threading.Thread(target=loop, name="lease-renewer", daemon=True)
+        def watchdog() -> None:
+            limit = self.duration_s - self.renew_every_s
+            while True:
+                time.sleep(min(1.0, self.renew_every_s))
+                if time.monotonic() - last_ok[0] > limit:
+                    lose(f"no renewal for {limit:.0f}s")
+
+        threading.Thread(target=watchdog, name="lease-watchdog", daemon=True).start()
+        thread = threading.Thread(target=renew, name="lease-renewer", daemon=True)
         thread.start()
         return thread
 
