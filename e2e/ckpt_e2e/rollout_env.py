@@ -13,7 +13,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -402,6 +402,22 @@ class OperatorProcess:
 
 
 # -- the CR ---------------------------------------------------------------------------------
+
+
+@contextmanager
+def operator_with_metrics(
+    kubeconfig: Path, namespace: str, token_file: Path, workdir: Path, args: Sequence[str] = ()
+) -> Iterator[tuple[OperatorProcess, int]]:
+    """An operator serving /metrics on a port held for it (prometheus_client binds it and would
+    not report a port 0 it chose); yields it and the port, stops it after the block."""
+    with PortReservation(1) as held:
+        (port,) = held.ports
+        op = OperatorProcess(kubeconfig, namespace, token_file, workdir, ["--metrics-port", str(port), *args])
+        op.start()
+        try:
+            yield op, port
+        finally:
+            op.stop()
 
 
 def rollout_spec(source_uri: str, version: str, labels: Mapping[str, str], **extra: Any) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import pytest
 
 from ckpt_api.vocabulary import LEASE_NAME
 from ckpt_e2e.fixtures import ClusterHandle
-from ckpt_e2e.procs import PortReservation, wait_for
+from ckpt_e2e.procs import wait_for
 from ckpt_e2e.rollout_env import (
     CLI,
     CheckpointSource,
@@ -29,6 +29,7 @@ from ckpt_e2e.rollout_env import (
     http_text,
     load_calls,
     metric_value,
+    operator_with_metrics,
     publish_reference_version,
     rollout_spec,
     serving_versions,
@@ -81,7 +82,7 @@ def test_pause_after_canary_then_failure_rolls_back(
         rollouts.namespace,
         "checkpointrollouts",
         "fleet",
-        {"metadata": {"annotations": {"rollout.ckpt.dev/promote": "0"}}},
+        {"metadata": {"annotations": {"rollout.ckpt.dev/promote": "0@v-late-bad"}}},
     )
     status = rollouts.wait_phase("fleet", {"RolledBack", "Failed", "Succeeded"})
     assert status["phase"] == "RolledBack", status.get("message")
@@ -327,16 +328,8 @@ def test_operator_metrics(
     rollouts: Rollouts,
     tmp_path: Path,
 ) -> None:
-    held = PortReservation(1)  # prometheus_client binds it: no port 0 it would report
-    (port,) = held.ports
-    op = OperatorProcess(
-        operator_identity.kubeconfig,
-        namespace,
-        operator_identity.token_file,
-        tmp_path,
-        ["--metrics-port", str(port)],
-    ).start()
-    try:
+    identity = operator_identity
+    with operator_with_metrics(identity.kubeconfig, namespace, identity.token_file, tmp_path) as (_, port):
         fleet = fleet_factory(2)
         rollouts.create("fleet", _spec(checkpoint_source, "v2", fleet))
         rollouts.wait_phase("fleet", {"Succeeded"})
@@ -345,9 +338,6 @@ def test_operator_metrics(
         # of those steps must not cost one API request.
         time.sleep(6.5)
         idle_text = http_text(f"http://127.0.0.1:{port}/metrics")
-    finally:
-        op.stop()
-        held.release()
     requests = metric_value(text, "ckpt_rollout_api_requests_total")
     assert requests > 0  # the counter works: the rollout's status patches
     assert metric_value(idle_text, "ckpt_rollout_api_requests_total") == requests

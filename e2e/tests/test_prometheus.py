@@ -16,9 +16,8 @@ import pytest
 import yaml
 
 from ckpt_api.constants import DEFAULT_AGENT_METRICS_PORT
-from ckpt_e2e.procs import PortReservation
 from ckpt_e2e.prometheus import Job, Prometheus, prometheus_server
-from ckpt_e2e.rollout_env import CheckpointSource, OperatorProcess, Rollouts, rollout_spec
+from ckpt_e2e.rollout_env import CheckpointSource, Rollouts, operator_with_metrics, rollout_spec
 from ckpt_e2e.rollout_fixtures import Fleet, OperatorIdentity
 from ckpt_e2e.serviceaccounts import CHART, render_chart
 from ckpt_rollout.chart_values import DEFAULT_AGENT_JOB
@@ -57,48 +56,42 @@ def test_a_rollout_as_prometheus_sees_it(
     tmp_path: Path,
 ) -> None:
     started = time.monotonic()
-    held = PortReservation(1)  # prometheus_client binds it: no port 0 it would report
-    (metrics_port,) = held.ports
-    op = OperatorProcess(
-        operator_identity.kubeconfig,
-        namespace,
-        operator_identity.token_file,
-        tmp_path / "operator",
-        ["--metrics-port", str(metrics_port)],
-    ).start()
+    identity = operator_identity
     jobs = [Job(DEFAULT_AGENT_JOB), Job(OPERATOR_JOB, honor_labels=True)]
     rules = _chart_rules(namespace, tmp_path / "rules.yaml")
-    try:
-        with prometheus_server(tmp_path / "prometheus", jobs, [rules]) as prom:
-            fleet = fleet_factory(REPLICAS)
-            workers = fleet.workers(REPLICAS)
-            prom.set_targets(OPERATOR_JOB, {f"127.0.0.1:{metrics_port}": {}})
-            prom.set_targets(
-                DEFAULT_AGENT_JOB,
-                {
-                    f"{w.ip}:{DEFAULT_AGENT_METRICS_PORT}": {"namespace": namespace, "pod": w.name}
-                    for w in workers
-                },
-            )
-            counts = {DEFAULT_AGENT_JOB: REPLICAS, OPERATOR_JOB: 1}
-            # A scrape before the rollout: the counters' zeroes, which rate() and increase() need.
-            prom.wait_scraped(counts, after=time.time())
+    with (
+        operator_with_metrics(identity.kubeconfig, namespace, identity.token_file, tmp_path / "operator") as (
+            _,
+            metrics_port,
+        ),
+        prometheus_server(tmp_path / "prometheus", jobs, [rules]) as prom,
+    ):
+        fleet = fleet_factory(REPLICAS)
+        workers = fleet.workers(REPLICAS)
+        prom.set_targets(OPERATOR_JOB, {f"127.0.0.1:{metrics_port}": {}})
+        prom.set_targets(
+            DEFAULT_AGENT_JOB,
+            {
+                f"{w.ip}:{DEFAULT_AGENT_METRICS_PORT}": {"namespace": namespace, "pod": w.name}
+                for w in workers
+            },
+        )
+        counts = {DEFAULT_AGENT_JOB: REPLICAS, OPERATOR_JOB: 1}
+        # A scrape before the rollout: the counters' zeroes, which rate() and increase() need.
+        prom.wait_scraped(counts, after=time.time())
 
-            spec = rollout_spec(checkpoint_source.url, "v2", fleet.labels, strategy={"waves": [1, "100%"]})
-            rollouts.create(NAME, spec)
-            status = rollouts.wait_phase(NAME, ENDED, timeout=180)
-            assert status["phase"] == "Succeeded", status.get("message")
-            prom.wait_scraped(counts, after=time.time())
+        spec = rollout_spec(checkpoint_source.url, "v2", fleet.labels, strategy={"waves": [1, "100%"]})
+        rollouts.create(NAME, spec)
+        status = rollouts.wait_phase(NAME, ENDED, timeout=180)
+        assert status["phase"] == "Succeeded", status.get("message")
+        prom.wait_scraped(counts, after=time.time())
 
-            _assert_rollout_metrics(prom, namespace, {w.name for w in workers})
-            _assert_agent_metrics(
-                prom, namespace, {w.name for w in workers}, _version_bytes(checkpoint_source, "v2")
-            )
-            _assert_alerts_evaluate_and_stay_quiet(prom)
-            _assert_every_dashboard_panel_has_data(prom, namespace)
-    finally:
-        op.stop()
-        held.release()
+        _assert_rollout_metrics(prom, namespace, {w.name for w in workers})
+        _assert_agent_metrics(
+            prom, namespace, {w.name for w in workers}, _version_bytes(checkpoint_source, "v2")
+        )
+        _assert_alerts_evaluate_and_stay_quiet(prom)
+        _assert_every_dashboard_panel_has_data(prom, namespace)
     print(f"\ntest_prometheus: rollout + scrapes + queries in {time.monotonic() - started:.1f}s")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -142,14 +143,19 @@ def test_rbac_denies_service_account_without_a_role(k8s_api: client.ApiClient, n
         wait_for(lambda: _can_list_pods(sa_api, namespace), 10, "RBAC to grant pods/list")
 
 
-def _can_list_pods(api: client.ApiClient, namespace: str) -> bool:
+def _allowed(call: Callable[[], object]) -> bool:
+    """The call went through (False: the apiserver answered 403 Forbidden)."""
     try:
-        client.CoreV1Api(api).list_namespaced_pod(namespace)
+        call()
     except ApiException as exc:
         if exc.status != 403:
             raise
         return False
     return True
+
+
+def _can_list_pods(api: client.ApiClient, namespace: str) -> bool:
+    return _allowed(lambda: client.CoreV1Api(api).list_namespaced_pod(namespace))
 
 
 def _api_from(kubeconfig: Any) -> client.ApiClient:
@@ -163,13 +169,7 @@ def _whoami(api: client.ApiClient) -> str:
 
 
 def _can_read_secrets(api: client.ApiClient, namespace: str) -> bool:
-    try:
-        client.CoreV1Api(api).list_namespaced_secret(namespace)
-    except ApiException as exc:
-        if exc.status != 403:
-            raise
-        return False
-    return True
+    return _allowed(lambda: client.CoreV1Api(api).list_namespaced_secret(namespace))
 
 
 def test_chart_accounts_are_their_service_accounts_with_the_charts_rbac_only(
