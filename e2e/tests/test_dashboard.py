@@ -101,7 +101,7 @@ def test_the_page_follows_a_rollout_live_and_its_buttons_act_like_the_cli(
     # Promote: the annotation `ckpt-rollout promote` writes, then wave 2 runs to the end.
     card.locator('button[data-action="promote"]').click()
     expect(card.locator(".result")).to_have_text(f"{NAME}: promoted past wave 1")
-    assert _annotations(rollouts)[PROMOTE_ANNOTATION] == "0"
+    assert _annotations(rollouts)[PROMOTE_ANNOTATION] == "0@v2"
     expect(card).to_have_attribute("data-phase", "Succeeded", timeout=LIVE_S)
     expect(card.locator('tr[data-wave="2"]')).to_have_attribute("data-phase", "Completed")
     members = card.locator('tr[data-wave="2"] [data-pod]')
@@ -118,14 +118,20 @@ def test_the_page_follows_a_rollout_live_and_its_buttons_act_like_the_cli(
     expect(card.locator('button[data-action="pause"]')).to_be_enabled(timeout=LIVE_S)
     assert rollouts.get(NAME)["spec"]["paused"] is False
 
-    # Abort v3 while it waits after its second wave: the abort annotation names the version.
-    # (The promote annotation names a wave index only, so v2's "0" lets v3 past its canary.)
+    # v3 pauses after its canary again: v2's promote, still on the CR, names v2.
     rollouts.patch_spec(
         NAME, {"version": "v3", "strategy": {"waves": [1, 2, "100%"], "pauseAfterWave": [0, 1]}}
     )
     expect(card.locator(".version")).to_have_text("v3", timeout=LIVE_S)
     expect(card).to_have_attribute("data-phase", "Paused", timeout=LIVE_S)
-    expect(card.locator('tr[data-wave="2"]')).to_have_attribute("data-phase", "Completed")
+    expect(card.locator(".updated")).to_have_text("1/3")
+    card.locator('button[data-action="promote"]').click()
+    expect(card.locator(".result")).to_have_text(f"{NAME}: promoted past wave 1")
+    assert _annotations(rollouts)[PROMOTE_ANNOTATION] == "0@v3"
+
+    # Abort v3 while it waits after its second wave: the abort annotation names the version.
+    expect(card.locator('tr[data-wave="2"]')).to_have_attribute("data-phase", "Completed", timeout=LIVE_S)
+    expect(card).to_have_attribute("data-phase", "Paused", timeout=LIVE_S)
     expect(card.locator(".updated")).to_have_text("2/3")
     _screenshot(page, tmp_path)
     card.locator('button[data-action="abort"]').click()

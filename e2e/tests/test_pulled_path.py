@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from ckpt_e2e.procs import WaitTimeout, wait_for
 from ckpt_e2e.rollout_env import (
     CheckpointSource,
     OperatorProcess,
@@ -26,7 +27,7 @@ from ckpt_e2e.rollout_env import (
     update_calls,
 )
 from ckpt_e2e.rollout_fixtures import Fleet
-from ckpt_e2e.status_history import record
+from ckpt_e2e.status_history import StatusHistory, record
 
 pytestmark = pytest.mark.integration
 
@@ -45,6 +46,22 @@ def _rolled_out(
     status = rollouts.wait_phase(NAME, ENDED, timeout=240, version=version)
     assert status["phase"] == "Succeeded", f"{status.get('message')}; waves={status.get('waves')}"
     return status, {w.name: update_calls(w, fleet.token) - before[w.name] for w in workers}
+
+
+def _settled(rollouts: Rollouts, history: StatusHistory, version: str, pods: list[str]) -> dict[str, Any]:
+    """The status once the agents of ``pods`` have written their whole load of ``version`` and the
+    operator has seen those writes: a report that lands after the operator pulled that pod (on a
+    loaded machine, later than pull_after_s) is folded away then."""
+    history.wait_reported(version, pods)
+
+    def folded() -> dict[str, Any] | None:
+        status = rollouts.status(NAME)
+        return None if status.get("workers") else status
+
+    try:
+        return wait_for(folded, 30, f"late reports of {version} folded")
+    except WaitTimeout:
+        raise AssertionError(f"still listed: {rollouts.status(NAME).get('workers')}") from None
 
 
 def _assert_waves(
@@ -66,11 +83,7 @@ def _assert_waves(
     assert sorted(p for pods in members for p in pods) == sorted(serving), "each pod in exactly one wave"
     assert (status["targetVersion"], status["stableVersion"]) == (version, version)
     assert (status["updatedReplicas"], status["replicas"], status["failedReplicas"]) == (PODS, PODS, 0)
-    # Successes are folded into the wave counters. An agent's push that lands after the operator
-    # already pulled that pod (a push later than pull_after_s, seen on a loaded machine) stays
-    # listed, unfolded: tolerated here, as long as it is that load's own report.
-    leftover = {p: (e.get("version"), e.get("phase")) for p, e in (status.get("workers") or {}).items()}
-    assert {p: v for p, v in leftover.items() if v not in ((version, "Loading"), (version, "Updated"))} == {}
+    assert status.get("workers", {}) == {}, "successes are folded into the wave counters"
     assert conditions(status)["Complete"]["status"] == "True"
     assert serving == {pod: version for pod in serving}
     assert calls == {pod: 1 for pod in serving}, "one update_weights request per pod"
@@ -107,15 +120,15 @@ def test_a_wave_of_eight_is_pushed_and_a_wave_of_nine_is_pulled(
     with record(k8s_api, namespace, NAME) as history:
         # v2 in waves of 4 and 8: both within the push limit.
         spec = rollout_spec(checkpoint_source.url, "v2", fleet.labels, strategy={"waves": [4, "100%"]})
-        status, calls = _rolled_out(rollouts, fleet, workers, "v2", lambda: rollouts.create(NAME, spec))
+        _, calls = _rolled_out(rollouts, fleet, workers, "v2", lambda: rollouts.create(NAME, spec))
+        status = _settled(rollouts, history, "v2", [w.name for w in workers])  # a wave of 8 is pushed
         check(status, calls, "v2", [4, 8])
-        history.wait_reported("v2", [w.name for w in workers])  # a wave of 8 is pushed
 
         # v3 on the same CR in waves of 3 and 9: the second is one over the limit.
         patch = {"version": "v3", "strategy": {"waves": [3, "100%"]}}
         status, calls = _rolled_out(rollouts, fleet, workers, "v3", lambda: rollouts.patch_spec(NAME, patch))
-        canary_wave, pulled_wave = check(status, calls, "v3", [3, 9])
-        history.wait_reported("v3", canary_wave)
+        status = _settled(rollouts, history, "v3", status["waves"][0]["pods"])
+        _, pulled_wave = check(status, calls, "v3", [3, 9])
         # Agents of a pulled wave are asked not to write the CR at all: none may show up, ever.
         pushed = sorted(set(pulled_wave) & history.agent_reported("v3"))
         assert pushed == [], f"a wave of 9 is pulled, yet these of its agents wrote their load: {pushed}"

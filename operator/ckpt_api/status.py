@@ -96,6 +96,13 @@ class CheckpointRolloutStatus(ApiModel):
     retried: Annotated[
         str | None, Field(description="The retry annotation's value this rollout last acted on")
     ] = None
+    promote_at_start: Annotated[
+        str | None,
+        Field(
+            description="The promote annotation's value when this rollout started: a bare wave index "
+            "still equal to it promoted an earlier rollout, and promotes nothing now"
+        ),
+    ] = None
     superseded_version: Annotated[
         str | None, Field(description="The in-flight version this rollout replaced")
     ] = None

@@ -224,7 +224,9 @@ class WorkerResult(StrEnum):
 # -- names in object metadata ------------------------------------------------------------------
 
 # On a CheckpointRollout, set by `ckpt-rollout promote|abort` (or by hand).
-PROMOTE_ANNOTATION = f"{GROUP}/promote"  # value: the wave index (0-based) promoted past
+# promote: "<wave index (0-based) promoted past>@<version>"; a bare index counts only if set
+# during the rollout it promotes.
+PROMOTE_ANNOTATION = f"{GROUP}/promote"
 ABORT_ANNOTATION = f"{GROUP}/abort"  # value: the version to abort
 RETRY_ANNOTATION = f"{GROUP}/retry"  # value: a new token (e.g. a timestamp) per retry
 

@@ -195,10 +195,14 @@ def resume(api: Any, namespace: str, name: str) -> str:
 
 
 def promote(api: Any, namespace: str, name: str) -> str:
-    """Continue past the pauseAfterWave the rollout waits at (the last completed wave)."""
+    """Continue past the pauseAfterWave the rollout waits at (the last completed wave). The value
+    names the version paused, so it promotes no later version that pauses after the same wave."""
     obj = _checked("promote", get(api, namespace, name), name)
-    completed = int((obj.get("status") or {}).get("currentWave") or 0)
-    patch(api, namespace, name, {"metadata": {"annotations": {PROMOTE_ANNOTATION: str(completed - 1)}}})
+    status = obj.get("status") or {}
+    completed = int(status.get("currentWave") or 0)
+    version = status.get("targetVersion") or (obj.get("spec") or {}).get("version")
+    value = f"{completed - 1}@{version}"
+    patch(api, namespace, name, {"metadata": {"annotations": {PROMOTE_ANNOTATION: value}}})
     return f"{name}: promoted past wave {completed}"
 
 

@@ -61,6 +61,22 @@ def fold_heard(d: Draft) -> None:
         d.set_workers(entries)
 
 
+def fold_settled(d: Draft) -> None:
+    """An agent's queued report can land after the operator pulled that load and completed its
+    wave (or the whole rollout): folded away as the wave's own successes were, so no settled pod
+    shows as still loading. Failures stay listed, and so do other versions' entries."""
+    target = d.status.target_version
+    settled = {p for w in d.status.waves if w.phase is WavePhase.COMPLETED for p in w.pods}
+    late = [
+        name
+        for name, entry in d.status.workers.items()
+        if name in settled
+        and entry.version == target
+        and entry.phase in (WorkerPhase.LOADING, WorkerPhase.UPDATED)
+    ]
+    d.set_workers(dict.fromkeys(late))
+
+
 def outcomes(d: Draft, target: Target, called: list[str]) -> dict[str, Outcome]:
     """Each member's outcome as the draft status says now; failures are announced once."""
     workers = d.status.workers

@@ -36,7 +36,7 @@ from ckpt_api.vocabulary import (
     WorkerResult,
 )
 from ckpt_rollout.conditions import Verdict
-from ckpt_rollout.drive import Target, drive, fold_heard
+from ckpt_rollout.drive import Target, drive, fold_heard, fold_settled
 from ckpt_rollout.outcomes import Outcome
 from ckpt_rollout.plan import Draft, Measure, Plan, Probe, Rollout, updated_replicas
 from ckpt_rollout.planning import failure_budget, plan_wave
@@ -65,6 +65,7 @@ class State(Enum):
 def decide(rollout: Rollout, memory: Memory, tuning: Tuning, now: Now) -> Plan:
     d = Draft(rollout, memory, tuning, now)
     fold_heard(d)
+    fold_settled(d)
     for _ in range(_MAX_TRANSITIONS):
         if not TRANSITIONS[classify(d)](d):
             break
@@ -206,6 +207,7 @@ def _start(d: Draft, why: str = "") -> bool:
         completed_at=None,
         paused_at=None,
         paused_seconds=0.0,
+        promote_at_start=d.rollout.meta.annotations.get(PROMOTE_ANNOTATION),
         message=message,
     )
     if superseding:
@@ -288,7 +290,9 @@ def _observe_end(d: Draft, phase: Phase) -> None:
 # -- pause and promote -------------------------------------------------------------------------
 
 
-_PROMOTED_WAVE = re.compile(r"-?[0-9]+")
+# "<wave>@<version>" (what `ckpt-rollout promote` writes) or a bare "<wave>" (by hand, older CLIs).
+# ASCII digits only: str.isdigit() also accepts "²", which int() refuses. Versions never hold "@".
+_PROMOTE_VALUE = re.compile(r"([0-9]+)(?:@(.*))?")
 
 
 def paused_total(d: Draft) -> float:
@@ -321,9 +325,8 @@ def pause_reason(d: Draft, running: int | None) -> str | None:
     last = _spec_done(d) - 1
     if last < 0 or last not in d.spec.strategy.pause_after_wave:
         return None
-    promoted = d.rollout.meta.annotations.get(PROMOTE_ANNOTATION, "")
-    # ASCII digits only: str.isdigit() also accepts "²", which int() refuses.
-    if _PROMOTED_WAVE.fullmatch(promoted) and int(promoted) >= last:
+    promoted = promoted_past(d)
+    if promoted is not None and promoted >= last:
         return None
     duration = d.spec.strategy.pause_duration_seconds
     paused_at = parse_time(d.status.paused_at)
@@ -336,6 +339,23 @@ def pause_reason(d: Draft, running: int | None) -> str | None:
         d.wake(duration)
     until = f"for {duration}s" if duration else "for promote"
     return f"paused after {spec_wave_name(d, last)} {until}"
+
+
+def promoted_past(d: Draft) -> int | None:
+    """The wave index the promote annotation lets this rollout past, or None. The annotation
+    outlives the rollout it was written for, and the next version pauses after the same waves:
+    a value naming a version counts only for that version, and a bare one only if it changed
+    since this rollout started."""
+    value = d.rollout.meta.annotations.get(PROMOTE_ANNOTATION, "")
+    match = _PROMOTE_VALUE.fullmatch(value)
+    if match is None:
+        return None
+    wave, version = match.groups()
+    if version is None and value == d.status.promote_at_start:
+        return None
+    if version is not None and version != d.spec.version:
+        return None
+    return int(wave)
 
 
 def _set_paused(d: Draft, reason: str | None) -> None:

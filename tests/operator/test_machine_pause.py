@@ -34,7 +34,100 @@ from ckpt_api.vocabulary import (
     WavePhase,
 )
 from ckpt_rollout.machine import State
+from ckpt_rollout.plan import Rollout
 from ckpt_rollout.world import rfc3339
+
+
+def v3_after_its_canary(promote: str, *, at_start: str | None, **status: object) -> Rollout:
+    """v3, paused after its canary for promote, the promote annotation now ``promote`` and at
+    v3's start ``at_start`` (None: absent)."""
+    return rollout(
+        progressing(
+            done(0, [CANARY]),
+            **{
+                "phase": "Paused",
+                "pausedAt": EARLIER,
+                "targetVersion": "v3",
+                "previousVersion": "v2",
+                "stableVersion": "v2",
+                **({"promoteAtStart": at_start} if at_start is not None else {}),
+                **status,
+            },
+        ),
+        spec={"version": "v3", "strategy": {"pauseAfterWave": [0]}},
+        annotations={PROMOTE_ANNOTATION: promote},
+    )
+
+
+def v3_promoted(id_: str, promote: str, *, at_start: str | None) -> Case:
+    return Case(
+        id_,
+        v3_after_its_canary(promote, at_start=at_start),
+        State.ADVANCE,
+        Phase.PROGRESSING,
+        calls=REST,
+        events=[EventReason.RESUMED, EventReason.WAVE_STARTED],
+        wake=TUNING.pull_after_s,
+    )
+
+
+def v3_held(id_: str, promote: str, *, at_start: str | None) -> Case:
+    return Case(id_, v3_after_its_canary(promote, at_start=at_start), State.ADVANCE, Phase.PAUSED)
+
+
+# The promote annotation outlives the rollout it was written for; the next version pauses after
+# the same waves. What `ckpt-rollout promote` writes names the version.
+PROMOTE_SCOPE = [
+    Case(
+        "a-promote-left-from-v2-does-not-let-v3-past-its-canary",
+        rollout(
+            progressing(
+                wave(0, [CANARY]),
+                targetVersion="v3",
+                previousVersion="v2",
+                promoteAtStart="0",
+                workers={CANARY: entry("v3", "Updated")},
+            ),
+            spec={"version": "v3", "strategy": {"pauseAfterWave": [0]}},
+            annotations={PROMOTE_ANNOTATION: "0"},
+        ),
+        State.ADVANCE,
+        Phase.PAUSED,
+        events=[EventReason.WAVE_COMPLETED, EventReason.PAUSED],
+        observe=lambda p: p.status.message,
+        observed="paused after wave 1/2 for promote",
+    ),
+    v3_held("a-bare-promote-unchanged-since-v3-started-holds-v3", "0", at_start="0"),
+    v3_promoted("a-promote-naming-v3-promotes-v3", "0@v3", at_start="0"),
+    v3_promoted("a-promote-naming-v3-set-before-v3-started-promotes-v3", "0@v3", at_start="0@v3"),
+    v3_held("a-promote-naming-v2-does-not-promote-v3", "0@v2", at_start=None),
+    v3_held("a-promote-naming-v2-left-from-v2-does-not-promote-v3", "0@v2", at_start="0@v2"),
+    v3_promoted("a-bare-promote-set-during-v3-promotes-v3", "0", at_start=None),
+    v3_promoted("a-bare-promote-replacing-v2s-named-one-promotes-v3", "0", at_start="0@v2"),
+    *(
+        v3_held(f"a-malformed-promote-{value!r}-is-ignored", value, at_start=None)
+        # Versions never hold "@" (spec.version's pattern), so a second one names no version.
+        for value in ("0@", "@v3", "0@@v3", "0@v3@v4", "0@V3", "0@v3 ", " 0@v3", "\u00b2@v3", "x@v3")
+    ),
+    Case(
+        "a-promote-past-an-earlier-wave-holds-a-later-pause",
+        rollout(
+            progressing(
+                done(0, [CANARY]),
+                done(1, REST[:1]),
+                phase="Paused",
+                pausedAt=EARLIER,
+                targetVersion="v3",
+                previousVersion="v2",
+                message="paused after wave 2/3 for promote",
+            ),
+            spec={"version": "v3", "strategy": {"pauseAfterWave": [0, 1], "waves": [1, 2, "100%"]}},
+            annotations={PROMOTE_ANNOTATION: "0@v3"},
+        ),
+        State.ADVANCE,
+        Phase.PAUSED,
+    ),
+]
 
 CASES = [
     Case(
@@ -196,6 +289,7 @@ CASES = [
         observe=lambda p: (wave_rows(p)[0][1], p.status.paused_at, condition(p, ConditionType.PAUSED)),
         observed=(WavePhase.COMPLETED, EARLIER, ("True", RolloutReason.ROLLOUT_PAUSED)),
     ),
+    *PROMOTE_SCOPE,
 ]
 
 

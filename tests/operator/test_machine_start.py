@@ -32,6 +32,7 @@ from machine_kit import (
 )
 
 from ckpt_api.vocabulary import (
+    PROMOTE_ANNOTATION,
     RETRY_ANNOTATION,
     ConditionType,
     EventReason,
@@ -89,6 +90,32 @@ CASES = [
         wake=TUNING.pull_after_s,
         observe=lambda p: (p.status.previous_version, p.status.superseded_version),
         observed=("v1", None),  # nothing was in flight: nothing superseded
+    ),
+    Case(
+        # A bare index found at the start promoted an earlier version: it promotes none of this one.
+        "a-new-version-records-the-promote-annotation-it-finds",
+        rollout(
+            {"phase": "Succeeded", "targetVersion": "v1", "stableVersion": "v1", "promoteAtStart": "1"},
+            annotations={PROMOTE_ANNOTATION: "0"},
+        ),
+        State.START,
+        Phase.PROGRESSING,
+        calls=[CANARY],
+        events=[EventReason.ROLLOUT_STARTED, EventReason.WAVE_STARTED],
+        wake=TUNING.pull_after_s,
+        observe=lambda p: p.status.promote_at_start,
+        observed="0",
+    ),
+    Case(
+        "a-new-version-with-no-promote-annotation-records-none",
+        rollout(progressing(done(0, [CANARY]), targetVersion="v1b", promoteAtStart="0")),
+        State.START,
+        Phase.PROGRESSING,
+        calls=[CANARY],
+        events=[EventReason.SUPERSEDED, EventReason.ROLLOUT_STARTED],
+        wake=TUNING.pull_after_s,
+        observe=lambda p: p.status.promote_at_start,
+        observed=None,
     ),
     Case(
         "a-new-version-mid-rollout-supersedes-and-catches-up-the-called-pods-first",

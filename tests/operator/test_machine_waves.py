@@ -4,6 +4,8 @@ One row per situation, with the plan it must produce."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from machine_kit import (
     BIG,
@@ -34,6 +36,7 @@ from machine_kit import (
     url,
     wave,
     wave_rows,
+    written,
 )
 
 from ckpt_api.status import WorkerStatus
@@ -47,8 +50,62 @@ from ckpt_api.vocabulary import (
     WorkerPhase,
 )
 from ckpt_rollout.machine import State, decide
-from ckpt_rollout.plan import Draft
+from ckpt_rollout.mergepatch import merge_diff
+from ckpt_rollout.plan import Draft, Rollout
 from ckpt_rollout.world import Memory, Tuning
+
+
+def succeeded(late: dict[str, Any]) -> Rollout:
+    """v2 succeeded in two waves; ``late``: worker entries written after that."""
+    return rollout(progressing(done(0, [CANARY]), done(1, REST), phase="Succeeded", workers=late))
+
+
+# An agent's queued report can land after the operator pulled that load and moved on.
+LATE_REPORTS = [
+    *(
+        Case(
+            f"after-success-a-late-{phase.lower()}-report-of-the-target-is-folded",
+            succeeded({REST[0]: entry("v2", phase)}),
+            State.DONE,
+            Phase.SUCCEEDED,
+            observe=lambda p: (p.status.workers, p.status.updated_replicas),
+            observed=({}, len(PODS)),
+        )
+        for phase in ("Loading", "Updated")
+    ),
+    Case(
+        "after-success-a-failure-stays-listed",
+        succeeded({REST[0]: entry("v2", "Failed", "LoadFailed")}),
+        State.DONE,
+        Phase.SUCCEEDED,
+        observe=lambda p: list(p.status.workers),
+        observed=[REST[0]],
+    ),
+    Case(
+        "after-success-another-versions-entry-stays-listed",
+        succeeded({REST[0]: entry("v1", "Loading"), REST[1]: entry("v1", "Updated")}),
+        State.DONE,
+        Phase.SUCCEEDED,
+        observe=lambda p: sorted(p.status.workers),
+        observed=sorted(REST[:2]),
+    ),
+    Case(
+        "mid-rollout-a-late-report-of-a-completed-wave-is-folded-and-the-running-waves-stay",
+        rollout(
+            progressing(
+                done(0, [CANARY]),
+                wave(1, REST),
+                workers={CANARY: entry("v2", "Loading"), REST[0]: entry("v2", "Loading")},
+            )
+        ),
+        State.ADVANCE,
+        Phase.PROGRESSING,
+        memory=called_now(*REST),
+        wake=TUNING.pull_after_s,
+        observe=lambda p: list(p.status.workers),
+        observed=[REST[0]],
+    ),
+]
 
 CASES = [
     Case(
@@ -484,6 +541,7 @@ CASES = [
         ),
         observed=(None, [(2, WaveKind.DRIFT, 1, [REST[2]], STAMP)]),
     ),
+    *LATE_REPORTS,
 ]
 CASES_BY_ID = {c.id: c for c in CASES}
 
@@ -507,6 +565,20 @@ def test_decide_is_pure() -> None:
     assert first.status == second.status
     assert first.calls == second.calls
     assert (given.status.model_dump(), memory.__dict__) == before
+
+
+def test_a_late_report_folded_away_is_not_written_again() -> None:
+    """The fold's own status write wakes no further write: the step after it changes nothing."""
+    first = decide(
+        CASES_BY_ID["after-success-a-late-loading-report-of-the-target-is-folded"].rollout,
+        Memory(),
+        TUNING,
+        NOW,
+    )
+    after = rollout(written(first))
+    second = decide(after, Memory(), TUNING, NOW)
+    assert merge_diff(after.status.to_wire(), second.status.to_wire()) == {}
+    assert (second.calls, second.pulls, second.events, second.wake_after) == ([], [], [], None)
 
 
 def test_removing_worker_entries_ignores_those_not_there() -> None:
