@@ -179,3 +179,18 @@ def assert_comes_to_rest(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
     decide(case.rollout, case.memory, case.tuning, NOW)
     assert goes_on[-1] is False
     assert len(goes_on) < machine._MAX_TRANSITIONS
+
+
+def table_tests(cases: list[Case]) -> tuple[Callable[..., None], Callable[..., None]]:
+    """The two tests every table runs, parametrized over its rows: bind them to `test_*` names
+    in the table's module, where pytest collects them."""
+
+    @pytest.mark.parametrize("case", cases, ids=ids(cases))
+    def test_decide(case: Case) -> None:
+        assert_decides(case)
+
+    @pytest.mark.parametrize("case", cases, ids=ids(cases))
+    def test_every_step_comes_to_rest(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+        assert_comes_to_rest(case, monkeypatch)
+
+    return test_decide, test_every_step_comes_to_rest

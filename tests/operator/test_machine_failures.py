@@ -17,15 +17,13 @@ from machine_kit import (
     STAMP,
     TUNING,
     Case,
-    assert_comes_to_rest,
-    assert_decides,
     called_long_ago,
     called_now,
     condition,
     entry,
-    ids,
     progressing,
     rollout,
+    table_tests,
     wave,
     wave_rows,
     worker_row,
@@ -295,14 +293,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=ids(CASES))
-def test_decide(case: Case) -> None:
-    assert_decides(case)
-
-
-@pytest.mark.parametrize("case", CASES, ids=ids(CASES))
-def test_every_step_comes_to_rest(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert_comes_to_rest(case, monkeypatch)
+test_decide, test_every_step_comes_to_rest = table_tests(CASES)
 
 
 def test_the_deadline_excludes_paused_time_and_sets_a_timer() -> None:

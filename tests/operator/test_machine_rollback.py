@@ -3,7 +3,6 @@ One row per situation, with the plan it must produce."""
 
 from __future__ import annotations
 
-import pytest
 from machine_kit import (
     BIG,
     CANARY,
@@ -13,14 +12,12 @@ from machine_kit import (
     STAMP,
     TUNING,
     Case,
-    assert_comes_to_rest,
-    assert_decides,
     condition,
     done,
     entry,
-    ids,
     progressing,
     rollout,
+    table_tests,
     wave,
 )
 
@@ -140,11 +137,4 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=ids(CASES))
-def test_decide(case: Case) -> None:
-    assert_decides(case)
-
-
-@pytest.mark.parametrize("case", CASES, ids=ids(CASES))
-def test_every_step_comes_to_rest(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert_comes_to_rest(case, monkeypatch)
+test_decide, test_every_step_comes_to_rest = table_tests(CASES)

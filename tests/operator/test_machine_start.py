@@ -5,7 +5,6 @@ One row per situation, with the plan it must produce."""
 
 from __future__ import annotations
 
-import pytest
 from machine_kit import (
     CANARY,
     DEADLINE_WAKE,
@@ -16,16 +15,14 @@ from machine_kit import (
     STAMP,
     TUNING,
     Case,
-    assert_comes_to_rest,
-    assert_decides,
     called_now,
     condition,
     done,
     entry,
-    ids,
     progressing,
     reports,
     rollout,
+    table_tests,
     wave,
     wave_rows,
     written,
@@ -327,14 +324,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=ids(CASES))
-def test_decide(case: Case) -> None:
-    assert_decides(case)
-
-
-@pytest.mark.parametrize("case", CASES, ids=ids(CASES))
-def test_every_step_comes_to_rest(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert_comes_to_rest(case, monkeypatch)
+test_decide, test_every_step_comes_to_rest = table_tests(CASES)
 
 
 def test_a_retry_set_while_the_rollout_runs_does_not_restart_it_when_it_fails_later() -> None:

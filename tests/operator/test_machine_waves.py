@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from machine_kit import (
     BIG,
     BIG_ORDER,
@@ -21,18 +20,16 @@ from machine_kit import (
     STAMP,
     TUNING,
     Case,
-    assert_comes_to_rest,
-    assert_decides,
     called_now,
     condition,
     done,
     entry,
-    ids,
     ip,
     progressing,
     reports,
     rollout,
     sources,
+    table_tests,
     url,
     wave,
     wave_rows,
@@ -546,14 +543,7 @@ CASES = [
 CASES_BY_ID = {c.id: c for c in CASES}
 
 
-@pytest.mark.parametrize("case", CASES, ids=ids(CASES))
-def test_decide(case: Case) -> None:
-    assert_decides(case)
-
-
-@pytest.mark.parametrize("case", CASES, ids=ids(CASES))
-def test_every_step_comes_to_rest(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert_comes_to_rest(case, monkeypatch)
+test_decide, test_every_step_comes_to_rest = table_tests(CASES)
 
 
 def test_decide_is_pure() -> None:
