@@ -26,5 +26,8 @@ async def new_api_client() -> Any:
     try:
         config.load_incluster_config(client_configuration=configuration)
     except config.ConfigException:
-        await config.load_kube_config(client_configuration=configuration)
+        # KUBECONFIG as it is now (a list of files is merged, as kubectl does): kubernetes_asyncio
+        # reads the variable once, when it is imported, and would keep an older value.
+        files = os.environ.get("KUBECONFIG") or None
+        await config.load_kube_config(config_file=files, client_configuration=configuration)
     return client.ApiClient(configuration=configuration)
