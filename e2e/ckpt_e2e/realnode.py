@@ -40,6 +40,8 @@ from .nodenet import NodeNetwork, stale_claims
 from .procs import WaitTimeout, descendants, pid_alive, spawn, stop, wait_for
 from .provision import file_lock
 
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+
 BINARIES = ["kubelet", "kube-proxy"]
 NODE_NAME = "ckpt-real-node"
 # kwok nodes are labelled type=kwok; pods pick this node by name and must tolerate its taint, so
@@ -430,10 +432,13 @@ class RealNode:
                 node = api.request("GET", f"/api/v1/nodes/{NODE_NAME}")
             except (ApiError, OSError):
                 return False
-            return is_ready(node)
+            # Ready, and the node controller has lifted its not-ready taint (it does so a moment
+            # after the condition turns True): only then may pods be scheduled here.
+            taints = {t.get("key") for t in node.get("spec", {}).get("taints") or []}
+            return is_ready(node) and NOT_READY_TAINT not in taints
 
         try:
-            wait_for(ready, self.start_timeout, f"node {NODE_NAME} Ready", interval=0.5)
+            wait_for(ready, self.start_timeout, f"node {NODE_NAME} Ready and untainted", interval=0.5)
         except WaitTimeout as exc:
             raise WaitTimeout(f"{exc}; kubelet log tail:\n{_tail(self.log('kubelet'))}") from None
 
