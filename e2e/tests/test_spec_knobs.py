@@ -63,6 +63,17 @@ def _hung(fleet: WorkerFleet, workers: list[Worker]) -> Iterator[None]:
             os.kill(pid, signal.SIGCONT)
 
 
+def _events_once_posted(provider: Provider, reason: str) -> list[dict[str, Any]]:
+    """The rollout's events once one with ``reason`` is there: kopf posts events in the
+    background, so the status can say Succeeded a moment before its events exist."""
+
+    def posted() -> list[dict[str, Any]] | None:
+        events = provider.rollouts.events(NAME)
+        return events if any(e["reason"] == reason for e in events) else None
+
+    return wait_for(posted, 30, f"a {reason} event", interval=0.2)
+
+
 def test_a_timed_pause_between_waves_resumes_on_its_own(provider: Provider) -> None:
     """pauseAfterWave with pauseDurationSeconds: held after the canary that long, then the next
     wave starts without anyone promoting it. Someone touching the CR meanwhile (GitOps, a
@@ -81,7 +92,7 @@ def test_a_timed_pause_between_waves_resumes_on_its_own(provider: Provider) -> N
     # Stamps have whole seconds: a pause of PAUSE_S can show as one second less.
     assert _stamp(rest["startedAt"]) - _stamp(canary["completedAt"]) >= PAUSE_S - 1, status["waves"]
     assert status["pausedSeconds"] >= PAUSE_S, status
-    events = provider.rollouts.events(NAME)
+    events = _events_once_posted(provider, "Resumed")
     paused = [e["message"] for e in events if e["reason"] == "Paused"]
     (message,) = paused
     assert message.endswith(f"for {PAUSE_S}s"), message  # a timed pause, not one for promote
@@ -120,7 +131,8 @@ def test_failures_within_the_budget_let_the_rollout_finish(
     assert status["failedReplicas"] == hung
     if phase == "Succeeded":
         assert status["updatedReplicas"] == len(healthy)
-        completed = [e["message"] for e in provider.rollouts.events(NAME) if e["reason"] == "WaveCompleted"]
+        events = _events_once_posted(provider, "WaveCompleted")
+        completed = [e["message"] for e in events if e["reason"] == "WaveCompleted"]
         assert completed == [
             f"wave 1/1 completed: {len(healthy)} updated, {hung} failed (within budget {budget})"
         ]
