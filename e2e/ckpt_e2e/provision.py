@@ -219,6 +219,7 @@ def build(component: Component, jobs: int, names: list[str] | None = None) -> No
                         "-p",
                         str(jobs),
                         "-trimpath",
+                        *(("-tags", ",".join(component.tags)) if component.tags else ()),
                         "-ldflags",
                         " ".join(("-s", "-w", *component.ldflags)),
                         "-o",
