@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 from typing import Any
@@ -174,3 +175,31 @@ async def test_an_agent_whose_apiserver_is_away_answers_503_auth_unavailable(
 def test_auth_must_be_chosen_explicitly(auth: AuthConfig) -> None:
     with pytest.raises(ConfigError):
         AgentConfig(auth=auth).validate()
+
+
+@pytest.mark.parametrize(
+    "header",
+    [b"Bearer \xff\xfe\xfd", "Bearer s3cret-tokén".encode(), b"Bearer \x00", b"\xc3\x28"],
+    ids=["not-utf8", "non-ascii", "nul", "bad-scheme-bytes"],
+)
+async def test_an_authorization_header_of_odd_bytes_gets_401_not_500(
+    guarded: tuple[AgentClient, Path], header: bytes
+) -> None:
+    """Raw bytes on the wire (a client library would refuse to send them): whatever the header
+    holds, a token that is not the right one is refused with a reason."""
+    client, _ = guarded
+    host, port = client.url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(
+            b"GET /v1/status HTTP/1.1\r\nHost: agent\r\nAuthorization: "
+            + header
+            + b"\r\nConnection: close\r\n\r\n"
+        )
+        await writer.drain()
+        reply = await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+    status_line, _, rest = reply.partition(b"\r\n")
+    assert status_line.split()[1] in (b"400", b"401"), reply[:300]
+    assert b"Traceback" not in rest

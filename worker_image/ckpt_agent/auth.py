@@ -54,6 +54,10 @@ def bearer_token(header: str | None) -> str | None:
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         return None
+    # RFC 6750 tokens are printable ASCII. aiohttp hands other header bytes over as surrogate
+    # escapes, which no comparison or TokenReview body can encode: such a header carries no token.
+    if not (token.isascii() and token.isprintable()):
+        return None
     return token
 
 
