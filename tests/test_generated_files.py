@@ -20,7 +20,7 @@ def test_crd_is_structural_and_complete() -> None:
     assert crd["spec"]["names"]["shortNames"] == ["ckr"]
     assert version["subresources"] == {"status": {}}
     columns = [c["name"].upper() for c in version["additionalPrinterColumns"]]
-    assert columns == ["VERSION", "PHASE", "UPDATED", "REPLICAS", "WAVE", "AGE"]
+    assert columns == ["VERSION", "TARGET", "PHASE", "UPDATED", "REPLICAS", "WAVE", "AGE"]
 
     def walk(node: object, path: str) -> None:
         if isinstance(node, dict):

@@ -162,7 +162,8 @@ WIRE_WORDS: dict[type[StrEnum], list[str]] = {
         "RolledBack",
     ],
     vocabulary.WorkerPhase: ["Pending", "Loading", "Updated", "Failed"],
-    vocabulary.WavePhase: ["Running", "Completed", "Failed"],
+    vocabulary.WavePhase: ["Running", "Analyzing", "Completed", "Failed"],
+    vocabulary.AnalysisPhase: ["Running", "Passed", "Failed", "Skipped"],
     vocabulary.WaveKind: ["Spec", "CatchUp", "Drift"],
     vocabulary.ConditionStatus: ["True", "False", "Unknown"],
     vocabulary.ConditionType: [
@@ -175,6 +176,7 @@ WIRE_WORDS: dict[type[StrEnum], list[str]] = {
         "Stalled",
     ],
     vocabulary.AgentState: ["idle", "loading", "failed"],
+    vocabulary.HealthCheckOutcome: ["passed", "failed", "skipped"],
     vocabulary.WorkerReason: [
         "Loading",
         "Loaded",
@@ -187,7 +189,11 @@ WIRE_WORDS: dict[type[StrEnum], list[str]] = {
         "ManifestTooLarge",
         "InvalidVersion",
         "InvalidManifest",
+        "NonFiniteTensor",
+        "HealthCheckFailed",
         "EngineError",
+        "InvalidSource",
+        "StagingFull",
         "Cancelled",
         "WorkerTimeout",
         "AgentUnreachable",
@@ -208,6 +214,7 @@ def test_wire_words_are_stable(enum: type[StrEnum]) -> None:
 def test_metadata_names_are_stable() -> None:
     assert vocabulary.PROMOTE_ANNOTATION == "rollout.ckpt.dev/promote"
     assert vocabulary.ABORT_ANNOTATION == "rollout.ckpt.dev/abort"
+    assert vocabulary.SKIP_ANALYSIS_ANNOTATION == "rollout.ckpt.dev/skip-analysis"
     assert vocabulary.FINALIZER == "rollout.ckpt.dev/finalizer"
     assert vocabulary.WEIGHTS_READY_CONDITION == "rollout.ckpt.dev/WeightsReady"
     assert vocabulary.LEASE_NAME == "ckpt-rollout-operator"

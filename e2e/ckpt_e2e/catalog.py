@@ -33,6 +33,7 @@ class Entry:
     big: bool = False
     corrupt: str | None = None  # flip a byte inside this tensor after publishing
     truncate: bool = False  # cut the (last) shard in half after publishing
+    poison: str | None = None  # this tensor holds a NaN, published as is (valid checksums)
 
 
 CATALOG = (
@@ -45,6 +46,8 @@ CATALOG = (
     # Damaged on the source after publishing, as a bad disk or a half-finished copy would.
     Entry("v-corrupt", 9, corrupt="layers.1.weight"),
     Entry("v-truncated", 11, truncate=True),
+    # A diverged training step: NaN weights, every checksum valid.
+    Entry("v-nan", 13, poison="layers.1.weight"),
 )
 
 
@@ -56,16 +59,41 @@ def model_flags(big: bool) -> list[str]:
 
 
 def publish_version(
-    root: Path, version: str, seed: int, work: Path, *, hidden: int = 64, layers: int = 2
+    root: Path,
+    version: str,
+    seed: int,
+    work: Path,
+    *,
+    hidden: int = 64,
+    layers: int = 2,
+    poison: str | None = None,
 ) -> str:
     """Write the reference model for ``seed`` and publish it as ``version`` under ``root`` with
-    `ckpt-rollout publish`; returns the manifest digest."""
-    from ckpt_agent.synth import ReferenceModelSpec, write_reference_checkpoint
+    `ckpt-rollout publish`, with its published reference outputs (none for a NaN checkpoint);
+    returns the manifest digest."""
+    from ckpt_agent.synth import ReferenceModelSpec, published_reference, write_reference_checkpoint
 
+    spec = ReferenceModelSpec(hidden=hidden, layers=layers)
     src = work / f"src-{version}"
-    write_reference_checkpoint(src, seed, ReferenceModelSpec(hidden=hidden, layers=layers))
+    write_reference_checkpoint(src, seed, spec, poison=poison)
+    command = [
+        sys.executable,
+        "-m",
+        "ckpt_agent",
+        "publish",
+        str(src),
+        "--version",
+        version,
+        "--out",
+        str(root),
+    ]
+    reference = published_reference(spec, seed, poison=poison)
+    if reference is not None:
+        path = work / f"reference-{version}.json"
+        path.write_text(json.dumps(reference.to_json()))
+        command += ["--reference", str(path)]
     out = subprocess.run(
-        [sys.executable, "-m", "ckpt_agent", "publish", str(src), "--version", version, "--out", str(root)],
+        command,
         check=True,
         capture_output=True,
         text=True,
@@ -103,7 +131,7 @@ def build(root: Path, work: Path, entries: tuple[Entry, ...] = CATALOG) -> dict[
     digests = {}
     for e in entries:
         shape = BIG_MODEL if e.big else {}
-        digests[e.version] = publish_version(root, e.version, e.seed, work, **shape)
+        digests[e.version] = publish_version(root, e.version, e.seed, work, poison=e.poison, **shape)
         if e.corrupt:
             corrupt_tensor(root / e.version, e.corrupt)
         if e.truncate:

@@ -34,6 +34,7 @@ MUTATED = (
     "ckpt_rollout/drive.py",
     "ckpt_rollout/plan.py",
     "ckpt_rollout/freshness.py",
+    "ckpt_rollout/analysis.py",
 )
 PACKAGES = {
     "ckpt_rollout": ROOT / "operator" / "ckpt_rollout",
@@ -52,6 +53,8 @@ TESTS = (
     "tests/operator/test_machine_rollback.py",
     "tests/operator/test_machine_told.py",
     "tests/operator/test_machine_properties.py",
+    "tests/operator/test_machine_analysis.py",
+    "tests/operator/test_analysis.py",
     "tests/operator/test_freshness.py",
     "tests/operator/test_views.py",
     "tests/operator/test_pulled_waves.py",

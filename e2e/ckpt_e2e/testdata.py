@@ -23,9 +23,16 @@ _VALID_SPEC_DEFAULTS: dict[str, Any] = {
         "pauseDurationSeconds": 0,
         "peerRelay": True,
         "maxConcurrency": 64,
+        "healthCheck": {
+            "enabled": True,
+            "prompt": "The capital of France is",
+            "maxTokens": 8,
+            "timeoutSeconds": 30,
+        },
     },
     "failurePolicy": {"maxFailures": 0, "onFailure": "Rollback"},
     "timeouts": {"workerSeconds": 600, "progressDeadlineSeconds": 1800},
+    "checks": {"finite": False},
     "paused": False,
 }
 
@@ -66,6 +73,20 @@ def _with(path: str, value: Any) -> dict[str, Any]:
 _DELETE = object()
 
 INVALID_SPECS: list[InvalidSpec] = [
+    InvalidSpec(
+        "health-check-no-tokens",
+        _with("strategy.healthCheck", {"maxTokens": 0}),
+        "a generation of no tokens checks nothing",
+        "strategy.healthCheck.maxTokens",
+        "greater than or equal to 1",
+    ),
+    InvalidSpec(
+        "health-check-empty-prompt",
+        _with("strategy.healthCheck", {"prompt": ""}),
+        "an empty prompt is not a generation an engine accepts",
+        "strategy.healthCheck.prompt",
+        "at least 1 character",
+    ),
     InvalidSpec("version-missing", _with("version", _DELETE), "version is required", "version", "version"),
     InvalidSpec(
         "version-slash",
@@ -229,5 +250,47 @@ INVALID_SPECS: list[InvalidSpec] = [
         "verifyChecksum is a boolean",
         "verifyChecksum",
         "boolean",
+    ),
+    InvalidSpec(
+        "analysis-condition-not-a-comparison",
+        _with(
+            "strategy.analysis",
+            {
+                "queries": [
+                    {"name": "errors", "query": "vector(1)", "successCondition": "result < 0.5 || true"}
+                ]
+            },
+        ),
+        "a successCondition is 'result <op> <number>', never an expression",
+        "strategy.analysis.queries[0].successCondition",
+        "should match pattern",
+    ),
+    InvalidSpec(
+        "analysis-query-names-repeated",
+        _with(
+            "strategy.analysis",
+            {
+                "queries": [
+                    {"name": "errors", "query": "vector(1)", "successCondition": "result < 0.5"},
+                    {"name": "errors", "query": "vector(1)", "successCondition": "result < 0.5"},
+                ]
+            },
+        ),
+        "status and messages name queries by name",
+        "strategy.analysis.queries",
+        "distinct names",
+    ),
+    InvalidSpec(
+        "analysis-address-without-scheme",
+        _with(
+            "strategy.analysis",
+            {
+                "prometheusAddress": "prometheus:9090",
+                "queries": [{"name": "errors", "query": "vector(1)", "successCondition": "result < 0.5"}],
+            },
+        ),
+        "the Prometheus address is an http(s) URL",
+        "strategy.analysis.prometheusAddress",
+        "should match pattern",
     ),
 ]

@@ -143,8 +143,8 @@ def test_happy_path(provider: Provider) -> None:
 
     table = kubectl.run("get", "ckr", NAME).stdout
     header = table.splitlines()[0].split()
-    assert header == ["NAME", "VERSION", "PHASE", "UPDATED", "REPLICAS", "WAVE", "AGE"]
-    assert table.splitlines()[1].split()[1:6] == ["v2", "Succeeded", "5", "5", "3/3"]
+    assert header == ["NAME", "VERSION", "TARGET", "PHASE", "UPDATED", "REPLICAS", "WAVE", "AGE"]
+    assert table.splitlines()[1].split()[1:7] == ["v2", "v2", "Succeeded", "5", "5", "3/3"]
 
 
 def test_corrupted_tensor_with_verify_changes_no_worker(provider: Provider) -> None:

@@ -147,6 +147,28 @@ class RolloutRef(_Request):
     ] = True
 
 
+class LoadChecks(_Request):
+    """Checks of the bytes beyond their checksums, run after each tensor is read and before
+    anything is applied."""
+
+    finite: Annotated[
+        bool,
+        Field(
+            description="Refuse the load (NonFiniteTensor) if any floating tensor holds NaN or Inf; "
+            "checked on the raw bits, BF16 and FP8 included"
+        ),
+    ] = False
+
+
+class HealthCheckRequest(_Request):
+    """The smoke check to run after the apply, before the engine serves again (the CR's
+    strategy.healthCheck); a failure restores the previous version (HealthCheckFailed)."""
+
+    prompt: Annotated[str, Field(min_length=1, max_length=4096, description="LLM engines' prompt")]
+    max_tokens: Annotated[int, Field(ge=1, le=256, description="LLM engines' token budget")]
+    timeout_seconds: Annotated[int, Field(ge=1, le=600, description="Limit for the check")]
+
+
 class UpdateWeightsRequest(_Request):
     """`POST /v1/update_weights`."""
 
@@ -160,6 +182,10 @@ class UpdateWeightsRequest(_Request):
     )
     source: SourceRef | None = None
     rollout: RolloutRef | None = None
+    # Absent: no extra checks (FastDeploy's own clients never send it).
+    checks: LoadChecks | None = None
+    # Absent: no smoke check after the apply (FastDeploy's own clients never send it).
+    health_check: HealthCheckRequest | None = None
 
 
 class UpdateAccepted(_Response):
@@ -215,6 +241,14 @@ class UpdateCounts(_Response):
     failed: int = 0
 
 
+class HealthCheckResult(_Response):
+    """The smoke check of a load that applied its version."""
+
+    passed: Annotated[bool | None, Field(description="null: the engine has nothing to check (skipped)")]
+    message: str = ""
+    seconds: float = 0.0
+
+
 class LastLoad(_Response):
     version: str
     phase: Literal[WorkerPhase.UPDATED, WorkerPhase.FAILED]
@@ -230,6 +264,9 @@ class LastLoad(_Response):
     fallback_reason: Annotated[str | None, Field(description="Why the load left its peer for the source")] = (
         None
     )
+    health_check: Annotated[
+        HealthCheckResult | None, Field(description="The smoke check after the apply; null: none ran")
+    ] = None
 
 
 class RelayState(_Response):

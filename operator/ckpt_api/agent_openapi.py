@@ -100,6 +100,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             ),
             202: ("Asynchronous: the load started", UpdateAccepted),
             400: ("The body is invalid; `field` names the culprit", ErrorBody),
+            403: ("The source is not one this agent may pull from (InvalidSource)", ErrorBody),
             409: (
                 "Another load runs (LoadInProgress), or (synchronous) the manifest is not the pinned one",
                 (ErrorBody, UpdateWeightsReply),

@@ -9,7 +9,8 @@ A version directory (and the served tree, so any static file server is a source)
 The manifest lists every tensor (name, dtype, shape, file, byte offset, nbytes, xxh3-128) and
 every other file of the version (size, whole-file xxh3-128). Its own sha256, over the exact bytes
 served, is what `spec.source.manifestDigest` pins; an agent always checks the bytes it uses
-against the xxh3-128 the manifest gives for them.
+against the xxh3-128 the manifest gives for them. Optionally, `reference` holds what the paddle
+reference model answers with these weights (`ReferenceRecord`), for the smoke check after a load.
 
 Compatibility, for publishers and readers of different ages:
 
@@ -160,6 +161,26 @@ class ExtraFileRecord(_Record):
     xxh3_128: Xxh3 = Field(description="xxh3-128 of the whole file")
 
 
+MAX_REFERENCE_OUTPUTS = 4096
+
+
+class ReferenceRecord(_Record):
+    """What the paddle reference engine's forward pass answers on its fixed input
+    (`ckpt_agent.synth.reference_input`) with these weights, as the publisher computed it. An
+    agent's smoke check compares its own output against it, which catches a wrong export whose
+    bytes match their checksums and hold no NaN. Other engines ignore it."""
+
+    outputs: list[float] = Field(min_length=1, max_length=MAX_REFERENCE_OUTPUTS)
+    atol: float = Field(gt=0, allow_inf_nan=False, description="largest |output - reference| accepted")
+
+    @model_validator(mode="after")
+    def _finite(self) -> ReferenceRecord:
+        bad = next((i for i, v in enumerate(self.outputs) if not math.isfinite(v)), None)
+        if bad is not None:
+            _fail(f"reference output {bad} is {self.outputs[bad]}, not a finite number")
+        return self
+
+
 class ManifestDocument(_Record):
     """manifest.json of one checkpoint version."""
 
@@ -186,6 +207,11 @@ class ManifestDocument(_Record):
         description="every other file of the version (config, tokenizer, index…); since format 2",
     )
     tensors: list[TensorRecord]
+    # Optional, so readers that predate it load the version unchanged (it adds a check only).
+    reference: ReferenceRecord | None = Field(
+        default=None,
+        description="the reference model's outputs on its fixed input for these weights (smoke check)",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> ManifestDocument:
@@ -251,6 +277,7 @@ _MUST_BE = {
     "extra_files": "an object",
     "tensors": "a list",
     "checksum": repr(CHECKSUM_ALGORITHM),
+    "reference": "an object {outputs: [finite numbers], atol: number > 0}",
 }
 
 

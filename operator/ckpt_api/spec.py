@@ -133,6 +133,123 @@ class FailureAction(StrEnum):
     HALT = "Halt"
 
 
+DEFAULT_HEALTH_CHECK_PROMPT = "The capital of France is"
+
+
+class HealthCheck(ApiModel):
+    """The smoke check each agent runs after applying a version and before its pod is Ready
+    again: on failure it puts the previous version back and reports HealthCheckFailed. On by
+    default: checksums prove the bytes are the published ones, not that they are good (a NaN
+    step, a wrong export); the cost is one forward pass or `maxTokens` generated tokens."""
+
+    enabled: Annotated[bool, Field(description="Run the smoke check after every wave's load")] = True
+    prompt: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=4096,
+            description="LLM engines: the prompt of the short generation (the paddle reference "
+            "model runs its fixed input instead)",
+        ),
+    ] = DEFAULT_HEALTH_CHECK_PROMPT
+    max_tokens: Annotated[
+        int, Field(ge=1, le=256, description="LLM engines: tokens the generation may produce")
+    ] = 8
+    timeout_seconds: Annotated[
+        int, Field(ge=1, le=600, description="Limit for the check; slower counts as a failure")
+    ] = 30
+
+
+# successCondition's one form, so the operator never evaluates an expression language: the
+# measured value against a number.
+SUCCESS_CONDITION_PATTERN = r"^result *(<=|>=|==|!=|<|>) *-?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?$"
+ANALYSIS_QUERY_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+PROMETHEUS_ADDRESS_PATTERN = r"^https?://[^\s/?#]+(/[^\s?#]*)?$"
+
+
+class AnalysisQuery(ApiModel):
+    name: Annotated[
+        str,
+        Field(
+            pattern=ANALYSIS_QUERY_NAME_PATTERN,
+            max_length=63,
+            description="Names the query in status, events and messages (a DNS label)",
+        ),
+    ]
+    query: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=4096,
+            # No braces here: the description is in the chart's CRD template too.
+            description="PromQL instant query; the placeholders namespace, rollout, version and wave "
+            "(the wave's index in status.waves), each inside double curly braces, are replaced "
+            "before it is sent",
+        ),
+    ]
+    success_condition: Annotated[
+        str,
+        Field(
+            pattern=SUCCESS_CONDITION_PATTERN,
+            max_length=64,
+            description="'result <op> <number>', op one of < <= > >= == !=; every sample of the "
+            "result must meet it, and no data or NaN fails",
+        ),
+    ]
+
+
+class Analysis(ApiModel):
+    """Prometheus queries measured for a while after each spec wave's workers settled, before
+    the wave completes (Argo Rollouts' analysis with a Prometheus provider). Failed measurements
+    beyond failureLimit fail the wave, and the failure policy runs."""
+
+    prometheus_address: Annotated[
+        str | None,
+        Field(
+            pattern=PROMETHEUS_ADDRESS_PATTERN,
+            max_length=2048,
+            description="Prometheus base URL (http(s)://host:port[/path]); unset: the operator's "
+            "--prometheus-url (chart value analysis.prometheusUrl)",
+        ),
+    ] = None
+    interval_seconds: Annotated[int, Field(ge=1, le=3600, description="Between measurements")] = 10
+    duration_seconds: Annotated[
+        int,
+        Field(
+            ge=0,
+            le=86400,
+            description="How long a wave is analyzed; it passes once this has elapsed with at least "
+            "max(1, duration / interval) measurements taken",
+        ),
+    ] = 60
+    failure_limit: Annotated[
+        int, Field(ge=0, le=1000, description="Failed measurements tolerated; one more fails the wave")
+    ] = 0
+    queries: Annotated[
+        list[AnalysisQuery],
+        Field(
+            min_length=1,
+            max_length=16,
+            json_schema_extra={
+                "x-kubernetes-validations": [
+                    _cel(
+                        "self.all(a, self.filter(b, b.name == a.name).size() == 1)",
+                        "analysis queries must have distinct names",
+                    )
+                ]
+            },
+        ),
+    ]
+
+    @field_validator("queries")
+    @classmethod
+    def _unique_names(cls, queries: list[AnalysisQuery]) -> list[AnalysisQuery]:
+        names = [q.name for q in queries]
+        if len(set(names)) != len(names):
+            raise ValueError("analysis queries must have distinct names")
+        return queries
+
+
 class Strategy(ApiModel):
     model_config = config_with_rules(
         _cel(
@@ -184,6 +301,10 @@ class Strategy(ApiModel):
     max_concurrency: Annotated[
         int, Field(ge=1, le=1024, description="Agents called at once within a wave")
     ] = 64
+    health_check: HealthCheck = HealthCheck()
+    analysis: Annotated[
+        Analysis | None, Field(description="Prometheus analysis after each spec wave; unset: none")
+    ] = None
 
     @field_validator("waves")
     @classmethod
@@ -283,18 +404,91 @@ class Timeouts(ApiModel):
         return self
 
 
-class CheckpointRolloutSpec(ApiModel):
-    version: Annotated[
+class Checks(ApiModel):
+    """Checks of a version's bytes beyond their checksums, run by each agent before it applies
+    anything (a failure leaves the previous weights serving)."""
+
+    finite: Annotated[
+        bool,
+        Field(
+            description="Refuse a version whose floating tensors hold NaN or Inf (NonFiniteTensor); "
+            "one pass over the bytes as they land (FastDeploy pulling by itself cannot run it)"
+        ),
+    ] = False
+
+
+# Kubernetes' own rules for a ConfigMap's name (a DNS subdomain) and for its keys.
+CONFIGMAP_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+CONFIGMAP_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+
+
+class ConfigMapKeyRef(ApiModel):
+    name: Annotated[
         str,
+        Field(
+            pattern=CONFIGMAP_NAME_PATTERN,
+            max_length=253,
+            description="ConfigMap in the rollout's namespace",
+        ),
+    ]
+    key: Annotated[
+        str,
+        Field(
+            pattern=CONFIGMAP_KEY_PATTERN,
+            max_length=253,
+            description="Key of the ConfigMap's data holding the version",
+        ),
+    ]
+
+
+class VersionFrom(ApiModel):
+    config_map_key_ref: ConfigMapKeyRef
+
+
+# A digest pins one version's manifest: every version the trainer writes next would fail it.
+_PINNED_VERSION_FROM = "source.manifestDigest pins one version's manifest; it cannot be used with versionFrom"
+
+
+class DeclaredRolloutSpec(ApiModel):
+    """The spec as the CR stores it (and the CRD's schema): the version given, or where to read
+    it. CheckpointRolloutSpec is what a step works with, its version resolved."""
+
+    model_config = config_with_rules(
+        _cel(
+            "has(self.version) != has(self.versionFrom)",
+            "exactly one of version and versionFrom must be set",
+            "FieldValueRequired",
+        ),
+        _cel(
+            "!has(self.versionFrom) || !has(self.source.manifestDigest)",
+            _PINNED_VERSION_FROM,
+        ),
+    )
+
+    version: Annotated[
+        str | None,
         Field(
             pattern=VERSION_PATTERN,
             max_length=128,
-            description="Checkpoint version to roll out, e.g. global_step_1200",
+            description="Checkpoint version to roll out, e.g. global_step_1200 (or versionFrom)",
             json_schema_extra={
                 "x-kubernetes-validations": [_cel("!self.contains('..')", "version must not contain '..'")]
             },
         ),
-    ]
+    ] = None
+    version_from: Annotated[
+        VersionFrom | None,
+        Field(
+            description=(
+                "Instead of version: read it from a ConfigMap key in the rollout's namespace, which "
+                "a trainer owns and GitOps never lists, so Git can own this CR without reverting "
+                "the trainer. The operator watches the ConfigMap: a new value starts a rollout. A "
+                "missing ConfigMap or key, or a value that is not a valid version, stalls the "
+                "rollout (condition Stalled, reason VersionSourceInvalid) until it is fixed; "
+                "surrounding whitespace in the value is ignored."
+            )
+        ),
+    ] = None
     verify_checksum: Annotated[
         bool, Field(description="Verify every tensor's xxh3-128 before applying (FastDeploy semantics)")
     ] = False
@@ -304,9 +498,25 @@ class CheckpointRolloutSpec(ApiModel):
     strategy: Strategy = Strategy()
     failure_policy: FailurePolicy = FailurePolicy()
     timeouts: Timeouts = Timeouts()
+    checks: Checks = Checks()
     paused: Annotated[bool, Field(description="Stop starting new waves until set back to false")] = False
 
     @field_validator("version", mode="before")
     @classmethod
     def _version(cls, value: Any) -> Any:
-        return validate_version(value)
+        return None if value is None else validate_version(value)
+
+    @model_validator(mode="after")
+    def _one_version(self) -> "DeclaredRolloutSpec":
+        if (self.version is None) == (self.version_from is None):
+            raise ValueError("exactly one of version and versionFrom must be set")
+        if self.version_from is not None and self.source.manifest_digest is not None:
+            raise ValueError(_PINNED_VERSION_FROM)
+        return self
+
+
+class CheckpointRolloutSpec(DeclaredRolloutSpec):
+    """The spec one reconcile step works with: versionFrom resolved into version."""
+
+    version: str
+    version_from: None = None

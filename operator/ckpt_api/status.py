@@ -5,7 +5,7 @@ from typing import Annotated
 from pydantic import ConfigDict, Field
 
 from ckpt_api.base import ApiModel
-from ckpt_api.vocabulary import ConditionStatus, Phase, WaveKind, WavePhase, WorkerPhase
+from ckpt_api.vocabulary import AnalysisPhase, ConditionStatus, Phase, WaveKind, WavePhase, WorkerPhase
 
 
 class Condition(ApiModel):
@@ -41,6 +41,29 @@ class WorkerStatus(ApiModel):
     uid: Annotated[str | None, Field(description="UID of the CheckpointRollout that made the call")] = None
 
 
+class AnalysisResult(ApiModel):
+    """One query's part of the last measurement."""
+
+    name: str
+    value: Annotated[float | None, Field(description="The sample that decided (None: no number)")] = None
+    passed: bool
+    message: Annotated[str, Field(max_length=1024)] = ""
+
+
+class AnalysisStatus(ApiModel):
+    """A wave's analysis: counts and the last measurement only (the history is in events and in
+    Prometheus itself), so the status stays small and a restarted operator resumes the count."""
+
+    phase: AnalysisPhase = AnalysisPhase.RUNNING
+    started_at: str | None = None
+    measured_at: Annotated[str | None, Field(description="When the last measurement was taken")] = None
+    completed_at: str | None = None
+    measurements: Annotated[int, Field(ge=0)] = 0
+    failed_measurements: Annotated[int, Field(ge=0)] = 0
+    results: list[AnalysisResult] = []
+    message: Annotated[str | None, Field(max_length=1024)] = None
+
+
 class WaveStatus(ApiModel):
     """Membership and progress of one wave: persisted so a restarted operator neither skips a
     wave nor calls a worker twice for the same version."""
@@ -57,6 +80,9 @@ class WaveStatus(ApiModel):
     gone: Annotated[int, Field(ge=0, description="Members that disappeared mid-wave")] = 0
     started_at: str | None = None
     completed_at: str | None = None
+    analysis: Annotated[
+        AnalysisStatus | None, Field(description="spec.strategy.analysis of this wave, once it began")
+    ] = None
 
 
 class RollbackStatus(ApiModel):

@@ -47,8 +47,19 @@ class WavePhase(StrEnum):
     """status.waves[].phase and status.rollback.phase."""
 
     RUNNING = "Running"
+    # A spec wave's workers settled; spec.strategy.analysis is measuring it before it completes.
+    ANALYZING = "Analyzing"
     COMPLETED = "Completed"
     FAILED = "Failed"
+
+
+class AnalysisPhase(StrEnum):
+    """status.waves[].analysis.phase."""
+
+    RUNNING = "Running"
+    PASSED = "Passed"
+    FAILED = "Failed"
+    SKIPPED = "Skipped"  # ended by the skip-analysis annotation
 
 
 class WaveKind(StrEnum):
@@ -98,6 +109,15 @@ class RolloutReason(StrEnum):
     PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
     ABORTED = "Aborted"
     WORKER_FAILED = "WorkerFailed"  # a worker failed without saying why
+    # spec.versionFrom names a ConfigMap or key that is not there, or a value that is no version.
+    VERSION_SOURCE_INVALID = "VersionSourceInvalid"
+    VERSION_SOURCE_RESOLVED = "VersionSourceResolved"  # readable again after VersionSourceInvalid
+    INVALID_SPEC = "InvalidSpec"  # the spec fails the models (stored before a rule existed)
+    SPEC_ACCEPTED = "SpecAccepted"  # valid again after InvalidSpec
+    INVALID_SOURCE = "InvalidSource"  # the operator's source policy refuses spec.source.uri
+    SOURCE_ALLOWED = "SourceAllowed"  # allowed again after InvalidSource
+    ANALYZING = "Analyzing"
+    ANALYSIS_FAILED = "AnalysisFailed"
 
 
 # -- one worker's load ---------------------------------------------------------------------------
@@ -120,13 +140,28 @@ class WorkerReason(StrEnum):
     MANIFEST_TOO_LARGE = "ManifestTooLarge"
     INVALID_VERSION = "InvalidVersion"
     INVALID_MANIFEST = "InvalidManifest"
+    # checks.finite: a floating tensor holds NaN or Inf (its checksum may well match).
+    NON_FINITE_TENSOR = "NonFiniteTensor"
+    # strategy.healthCheck: the loaded version failed its smoke check after apply; the agent put
+    # the previous version back (unless the weights were lost).
+    HEALTH_CHECK_FAILED = "HealthCheckFailed"
     ENGINE_ERROR = "EngineError"
+    INVALID_SOURCE = "InvalidSource"  # the source policy refuses the version's source
+    STAGING_FULL = "StagingFull"  # the staging directory's filesystem has no room for the version
     CANCELLED = "Cancelled"
     # Written by the operator: it could not learn the outcome (the worker may or may not have
     # loaded the version), or the agent named no reason.
     WORKER_TIMEOUT = "WorkerTimeout"
     AGENT_UNREACHABLE = "AgentUnreachable"
     LOAD_FAILED = "LoadFailed"
+
+
+class HealthCheckOutcome(StrEnum):
+    """The agent's ckpt_agent_health_checks_total{result}: how a load's smoke check ended."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    SKIPPED = "skipped"  # the engine holds nothing to probe (a checkpoint-shaped paddle model)
 
 
 class AgentState(StrEnum):
@@ -143,6 +178,7 @@ class ErrorCode(StrEnum):
     INVALID_REQUEST = "InvalidRequest"
     INVALID_VERSION = "InvalidVersion"
     INVALID_PATH = "InvalidPath"
+    INVALID_SOURCE = "InvalidSource"  # 403: the agent's --allowed-sources refuses the source
     LOAD_IN_PROGRESS = "LoadInProgress"
     UNAUTHORIZED = "Unauthorized"
     # 503: the agent could not check the caller's token (its TokenReview failed: the apiserver
@@ -190,6 +226,13 @@ class EventReason(StrEnum):
     ROLLBACK_FAILED = "RollbackFailed"
     ROLLED_BACK = "RolledBack"
     RETRY_IGNORED = "RetryIgnored"
+    VERSION_SOURCE_INVALID = "VersionSourceInvalid"
+    INVALID_SPEC = "InvalidSpec"
+    INVALID_SOURCE = "InvalidSource"
+    ANALYSIS_STARTED = "AnalysisStarted"
+    ANALYSIS_PASSED = "AnalysisPassed"
+    ANALYSIS_FAILED = "AnalysisFailed"
+    ANALYSIS_SKIPPED = "AnalysisSkipped"
 
 
 # -- metric label values ---------------------------------------------------------------------------
@@ -229,6 +272,8 @@ class WorkerResult(StrEnum):
 PROMOTE_ANNOTATION = f"{GROUP}/promote"
 ABORT_ANNOTATION = f"{GROUP}/abort"  # value: the version to abort
 RETRY_ANNOTATION = f"{GROUP}/retry"  # value: a new token (e.g. a timestamp) per retry
+# "<wave index (0-based)>@<version>": ends that wave's running analysis as Skipped (promote never does).
+SKIP_ANALYSIS_ANNOTATION = f"{GROUP}/skip-analysis"
 
 # kopf's bookkeeping on CheckpointRollouts, under our API group rather than kopf.zalando.org.
 FINALIZER = f"{GROUP}/finalizer"

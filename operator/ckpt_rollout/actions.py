@@ -13,7 +13,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckpt_api.constants import GROUP, PLURAL, VERSION
-from ckpt_api.vocabulary import ABORT_ANNOTATION, FAILED_PHASES, PROMOTE_ANNOTATION, RETRY_ANNOTATION, Phase
+from ckpt_api.vocabulary import (
+    ABORT_ANNOTATION,
+    FAILED_PHASES,
+    PROMOTE_ANNOTATION,
+    RETRY_ANNOTATION,
+    SKIP_ANALYSIS_ANNOTATION,
+    Phase,
+    WavePhase,
+)
+from ckpt_rollout.views import desired_version
 
 EXIT_UNREACHABLE, EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_API_ERROR, EXIT_INTERRUPTED = 3, 4, 5, 6, 130
 
@@ -174,7 +183,20 @@ def refusal(action: str, obj: dict[str, Any]) -> str | None:
         return f"not paused after a wave ({why}); nothing to promote"
     if action == "retry" and phase not in FAILED_PHASES:
         return f"phase is {phase or 'unknown'}; only a Failed or RolledBack rollout is retried"
+    if action == "skip-analysis" and _analyzing(obj) is None:
+        return "no wave is being analyzed; nothing to skip"
     return None
+
+
+def _analyzing(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """The spec wave whose analysis runs now, if one does (of the version being rolled out)."""
+    status = obj.get("status") or {}
+    if status.get("targetVersion") != desired_version(obj):
+        return None
+    waves = status.get("waves") or []
+    return next(
+        (w for w in waves if w.get("phase") == WavePhase.ANALYZING and w.get("specIndex") is not None), None
+    )
 
 
 def _checked(action: str, obj: dict[str, Any], name: str) -> dict[str, Any]:
@@ -200,14 +222,30 @@ def promote(api: Any, namespace: str, name: str) -> str:
     obj = _checked("promote", get(api, namespace, name), name)
     status = obj.get("status") or {}
     completed = int(status.get("currentWave") or 0)
-    version = status.get("targetVersion") or (obj.get("spec") or {}).get("version")
+    version = status.get("targetVersion") or desired_version(obj)
     value = f"{completed - 1}@{version}"
     patch(api, namespace, name, {"metadata": {"annotations": {PROMOTE_ANNOTATION: value}}})
     return f"{name}: promoted past wave {completed}"
 
 
+def skip_analysis(api: Any, namespace: str, name: str) -> str:
+    """End the running analysis as Skipped: its wave completes and the rollout goes on. The value
+    names the wave and version, so it skips no later analysis (promote never skips one)."""
+    obj = _checked("skip-analysis", get(api, namespace, name), name)
+    wave = _analyzing(obj)
+    assert wave is not None  # _checked refused otherwise
+    version = desired_version(obj)
+    value = f"{wave['specIndex']}@{version}"
+    patch(api, namespace, name, {"metadata": {"annotations": {SKIP_ANALYSIS_ANNOTATION: value}}})
+    return f"{name}: skipping the analysis of wave {int(wave['specIndex']) + 1}"
+
+
 def abort(api: Any, namespace: str, name: str) -> str:
-    version = (get(api, namespace, name).get("spec") or {}).get("version")
+    version = desired_version(get(api, namespace, name))
+    if version is None:
+        raise ActionError(
+            f"{name}: nothing to abort: its versionFrom has not been resolved yet", EXIT_REFUSED
+        )
     patch(api, namespace, name, {"metadata": {"annotations": {ABORT_ANNOTATION: version}}})
     return f"{name}: aborting {version}; updated workers go back to the previous version"
 
@@ -217,7 +255,7 @@ def retry(api: Any, namespace: str, name: str) -> str:
     version is withdrawn in the same patch: left in place, it would stop the retry at once."""
     obj = _checked("retry", get(api, namespace, name), name)
     phase = (obj.get("status") or {}).get("phase")
-    version = (obj.get("spec") or {}).get("version")
+    version = desired_version(obj)
     token = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + f".{time.time_ns() % 1_000_000:06d}"
     annotations: dict[str, str | None] = {RETRY_ANNOTATION: token}
     aborted = ((obj.get("metadata") or {}).get("annotations") or {}).get(ABORT_ANNOTATION) == version
@@ -233,4 +271,5 @@ ACTIONS: dict[str, Callable[[Any, str, str], str]] = {
     "promote": promote,
     "abort": abort,
     "retry": retry,
+    "skip-analysis": skip_analysis,
 }

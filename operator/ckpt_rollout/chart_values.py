@@ -180,6 +180,35 @@ class AgentAuth(ApiModel):
     ] = 3600
 
 
+class Analysis(ApiModel):
+    prometheus_url: Annotated[
+        str,
+        _field(
+            "Prometheus that spec.strategy.analysis queries when a CheckpointRollout names no "
+            "prometheusAddress (--prometheus-url), e.g. http://prometheus-operated.monitoring:9090; "
+            "empty: such an analysis fails at once, saying so.",
+            pattern=r"^(https?://[^\s/?#]+(/[^\s?#]*)?)?$",
+            max_length=2048,
+        ),
+    ] = ""
+
+
+class SourcePolicyValues(ApiModel):
+    allowed_sources: Annotated[
+        list[Annotated[str, Field(pattern=r"^[a-z]+://[^\s,]*$", max_length=2048)]],
+        _field(
+            "Rules a CheckpointRollout's source.uri must match (--allowed-sources): "
+            "scheme://host[:port][/path], host a name, *.domain, * or a CIDR; file:///path. Others "
+            "are Stalled with reason InvalidSource. Empty: any source. Give the agents the same "
+            "list (their --allowed-sources): they also check every address a name resolves to.",
+        ),
+    ] = []
+    allow_link_local: Annotated[
+        bool,
+        _field("Let rollouts name link-local sources (169.254.0.0/16, fe80::/10: cloud metadata)."),
+    ] = False
+
+
 class ResourceList(ApiModel):
     requests: Annotated[dict[str, Quantity], _field("Resource requests (cpu, memory, ...).")] = {}
     limits: Annotated[dict[str, Quantity], _field("Resource limits (cpu, memory, ...).")] = {}
@@ -310,6 +339,33 @@ class WorkerServiceAccount(ApiModel):
     ] = "ckpt-rollout-worker"
 
 
+class WorkerNetworkPolicy(ApiModel):
+    enabled: Annotated[
+        bool,
+        _field(
+            "A NetworkPolicy per worker namespace: only the operator and the worker pods themselves "
+            "(peer relay) reach the agent port, only worker pods reach the Mooncake ports; metrics "
+            "from metricsFrom. Needs a CNI that enforces NetworkPolicy."
+        ),
+    ] = False
+    pod_selector: Annotated[
+        dict[str, str], _field("Labels selecting the worker pods (matchLabels).", min_length=1)
+    ] = {"app": "rollout-worker"}
+    agent_port: Annotated[int, _field("The agent's control port (--port).", ge=1, le=65535)] = 8089
+    metrics_port: Annotated[int, _field("The agent's metrics port (--metrics-port).", ge=1, le=65535)] = 8090
+    metrics_from: Annotated[
+        list[K8sObject],
+        _field(
+            "Who may scrape the metrics port (networking/v1 NetworkPolicyPeer list); empty: anyone "
+            "(Prometheus runs wherever the cluster keeps it)."
+        ),
+    ] = []
+    mooncake_ports: Annotated[
+        list[Annotated[int, Field(ge=1, le=65535)]],
+        _field("Ports the agents' Mooncake relay listens on (--relay-mooncake): worker pods only."),
+    ] = []
+
+
 class WorkerRbac(ApiModel):
     enabled: Annotated[
         bool,
@@ -328,6 +384,16 @@ class WorkerRbac(ApiModel):
     service_account: Annotated[WorkerServiceAccount, _field("The worker pods' ServiceAccount.")] = (
         WorkerServiceAccount()
     )
+    network_policy: Annotated[WorkerNetworkPolicy, _field("Who may reach the worker agents.")] = (
+        WorkerNetworkPolicy()
+    )
+    admission_policy: Annotated[
+        bool,
+        _field(
+            "ValidatingAdmissionPolicies that let a worker agent write only its own pod's status and "
+            "its own entry of status.workers (the pod its projected token is bound to)."
+        ),
+    ] = True
 
 
 class ChartValues(ApiModel):
@@ -367,6 +433,10 @@ class ChartValues(ApiModel):
             "the agent's --log-format json / CKPT_LOG_FORMAT writes the same fields)."
         ),
     ] = LogFormat.TEXT
+    analysis: Annotated[Analysis, _field("Analysis between waves (spec.strategy.analysis).")] = Analysis()
+    source_policy: Annotated[SourcePolicyValues, _field("Which checkpoint sources rollouts may name.")] = (
+        SourcePolicyValues()
+    )
     metrics: Annotated[Metrics, _field("Prometheus metrics.")] = Metrics()
     probes: Annotated[Probes, _field("Probe timings.")] = Probes()
     resources: Annotated[ResourceList, _field("Operator container resources.")] = ResourceList(

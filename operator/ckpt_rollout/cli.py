@@ -42,6 +42,9 @@ GROUPS: tuple[CommandGroup, ...] = (
         "pip install 'ckpt-rollout[operator]'",
     ),
     CommandGroup(
+        "ckpt_rollout.release_command", "add_command", ("release",), "pip install 'ckpt-rollout[operator]'"
+    ),
+    CommandGroup(
         "ckpt_agent.cli",
         "add_commands",
         ("publish", "serve", "agent"),

@@ -10,7 +10,7 @@ Everyday mistakes end in one line on stderr and an exit code, never a traceback:
     3  no usable kubeconfig, or the apiserver cannot be reached
     4  the CheckpointRollout does not exist
     5  refused: the rollout is not in a state the command applies to (promote: not paused after
-       a wave; retry: not Failed or RolledBack)
+       a wave; promote --skip-analysis: no analysis running; retry: not Failed or RolledBack)
     6  the apiserver refused the request (e.g. RBAC)
   130  interrupted (Ctrl-C)
 """
@@ -83,7 +83,8 @@ def watch_command(args: argparse.Namespace) -> int:
 def _action_command(action: str) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         api, namespace = actions.connect(_target(args))
-        print(actions.ACTIONS[action](api, namespace, args.name))
+        chosen = "skip-analysis" if getattr(args, "skip_analysis", False) else action
+        print(actions.ACTIONS[chosen](api, namespace, args.name))
         return 0
 
     return run
@@ -155,4 +156,11 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
     ):
         parser = sub.add_parser(name, help=text)
         _common(parser)
+        if name == "promote":
+            parser.add_argument(
+                "--skip-analysis",
+                action="store_true",
+                help="end the running analysis of a wave as Skipped instead (refused unless one runs); "
+                "a plain promote never skips one",
+            )
         parser.set_defaults(func=_guarded(_action_command(name)))

@@ -2,9 +2,12 @@
 
 import argparse
 import os
+import re
 from dataclasses import dataclass, field
 
 from ckpt_api.constants import DEFAULT_AGENT_AUDIENCE
+from ckpt_api.source_policy import SourcePolicy, parse_rule
+from ckpt_api.spec import PROMETHEUS_ADDRESS_PATTERN
 from ckpt_rollout.world import Tuning
 
 
@@ -22,6 +25,28 @@ class OperatorConfig:
     lease_namespace: str | None = None
     log_format: str = "text"
     tuning: Tuning = field(default_factory=Tuning)
+    # Sources a rollout may name (ckpt_api.source_policy); others are Stalled as InvalidSource.
+    source_policy: SourcePolicy = field(default_factory=SourcePolicy)
+
+
+def source_rules(value: str) -> list[str]:
+    """--allowed-sources: comma-separated rules, each checked here so a typo stops the start."""
+    rules = [r.strip() for r in value.split(",") if r.strip()]
+    for rule in rules:
+        try:
+            parse_rule(rule)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return rules
+
+
+def prometheus_url(value: str) -> str | None:
+    """--prometheus-url: what spec.strategy.analysis.prometheusAddress accepts ("": none)."""
+    if not value:
+        return None
+    if not re.fullmatch(PROMETHEUS_ADDRESS_PATTERN, value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not an http(s)://host[:port][/path] URL")
+    return value
 
 
 def add_operator_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,6 +82,25 @@ def add_operator_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds for one HTTP call to an agent",
     )
     parser.add_argument(
+        "--prometheus-url",
+        type=prometheus_url,
+        default=env("CKPT_PROMETHEUS_URL", ""),
+        help="Prometheus for spec.strategy.analysis when a CR names none; env CKPT_PROMETHEUS_URL",
+    )
+    parser.add_argument(
+        "--allowed-sources",
+        type=source_rules,
+        default=env("CKPT_ALLOWED_SOURCES", ""),
+        help="comma-separated scheme://host[:port][/path] rules a rollout's source.uri must match "
+        "(host: a name, *.domain, * or a CIDR); default any; env CKPT_ALLOWED_SOURCES",
+    )
+    parser.add_argument(
+        "--allow-link-local-sources",
+        action="store_true",
+        default=env("CKPT_ALLOW_LINK_LOCAL_SOURCES", "") == "true",
+        help="let rollouts name link-local sources (169.254.0.0/16, fe80::/10: cloud metadata)",
+    )
+    parser.add_argument(
         "--leader-election", action="store_true", default=env("CKPT_LEADER_ELECTION", "") == "true"
     )
     parser.add_argument("--lease-namespace", default=env("CKPT_LEASE_NAMESPACE") or env("POD_NAMESPACE"))
@@ -83,4 +127,8 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         leader_election=args.leader_election,
         lease_namespace=args.lease_namespace,
         log_format=args.log_format,
+        tuning=Tuning(prometheus_url=args.prometheus_url),
+        source_policy=SourcePolicy.parse(
+            args.allowed_sources, allow_link_local=args.allow_link_local_sources
+        ),
     )

@@ -5,7 +5,8 @@ look again. Pure: works on a Draft."""
 from dataclasses import dataclass
 from typing import Literal
 
-from ckpt_api.agent_api import RolloutRef, SourceRef, UpdateWeightsRequest
+from ckpt_api.agent_api import HealthCheckRequest, LoadChecks, RolloutRef, SourceRef, UpdateWeightsRequest
+from ckpt_api.spec import HealthCheck
 from ckpt_api.status import WorkerStatus
 from ckpt_api.vocabulary import EventReason, EventType, WavePhase, WorkerPhase, WorkerReason, WorkerResult
 from ckpt_rollout.outcomes import Outcome, reported_outcome
@@ -197,7 +198,9 @@ def _check_waiting(d: Draft, target: Target, waiting: list[str], pulling: bool) 
     return recall
 
 
-def request(d: Draft, version: str, wave: int, *, report: bool) -> UpdateWeightsRequest:
+def request(
+    d: Draft, version: str, wave: int, *, report: bool, rollback: bool = False
+) -> UpdateWeightsRequest:
     spec, meta = d.spec, d.rollout.meta
     # The pin is the spec version's: a rollback's previous version has its own manifest.
     pin = spec.source.manifest_digest if version == spec.version else None
@@ -206,6 +209,17 @@ def request(d: Draft, version: str, wave: int, *, report: bool) -> UpdateWeights
         verify_checksum=spec.verify_checksum,
         source=SourceRef(uri=spec.source.uri, manifestDigest=pin),
         rollout=RolloutRef(namespace=meta.namespace, name=meta.name, uid=meta.uid, wave=wave, report=report),
+        # A rollback returns to weights that served already: no gate may refuse it.
+        checks=LoadChecks(finite=True) if spec.checks.finite and not rollback else None,
+        health_check=health_check_request(spec.strategy.health_check) if not rollback else None,
+    )
+
+
+def health_check_request(check: HealthCheck) -> HealthCheckRequest | None:
+    if not check.enabled:
+        return None
+    return HealthCheckRequest(
+        prompt=check.prompt, max_tokens=check.max_tokens, timeout_seconds=check.timeout_seconds
     )
 
 
@@ -226,7 +240,7 @@ def relay_peers(d: Draft, version: str) -> list[str]:
 def _plan_calls(d: Draft, target: Target, pods: list[str], *, report: bool) -> None:
     if not pods:
         return
-    body = request(d, target.version, target.wave, report=report)
+    body = request(d, target.version, target.wave, report=report, rollback=target.kind == "rollback")
     peers = relay_peers(d, target.version)
     port = d.spec.agent.port
     bodies = [body]

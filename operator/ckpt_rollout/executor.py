@@ -14,7 +14,7 @@ from typing import Any
 from ckpt_api.spec import CheckpointRolloutSpec
 from ckpt_api.status import CheckpointRolloutStatus, WorkerStatus
 from ckpt_api.vocabulary import WorkerPhase, WorkerReason
-from ckpt_rollout import metrics
+from ckpt_rollout import metrics, promquery
 from ckpt_rollout.agent_client import AgentClient, CallResult
 from ckpt_rollout.drive import failure_entry
 from ckpt_rollout.kube import RolloutApi
@@ -88,13 +88,16 @@ class Reconciler:
             emit(event.type, event.reason, event.message)
         _measure(plan)
         heard = len(memory.heard) + len(memory.lost)
-        probed = memory.probed
+        probed, measured = memory.probed, memory.measured
         await asyncio.gather(
             self._calls(plan.calls, memory, rollout.spec.strategy.max_concurrency),
             self._pulls(plan.pulls, memory, now.stamp),
             self._probe(plan, memory),
+            self._measure(plan, memory),
         )
-        if len(memory.heard) + len(memory.lost) != heard or memory.probed != probed:
+        # A measurement taken is folded in at once (its answers may equal the last ones).
+        changed = memory.probed != probed or memory.measured != measured or plan.measurement is not None
+        if len(memory.heard) + len(memory.lost) != heard or changed:
             return obj, 0.0  # something to act on: the next step at once
         return obj, plan.wake_after
 
@@ -126,6 +129,11 @@ class Reconciler:
         result = await self.agents.status(plan.probe.ip, plan.probe.port)
         served = result.agent_status.version if result.agent_status is not None else None
         memory.probed = (plan.probe.pod, served)
+
+    async def _measure(self, plan: Plan, memory: Memory) -> None:
+        if plan.measurement is None:
+            return
+        memory.measured = (plan.measurement.key, await promquery.measure(plan.measurement))
 
 
 def remember(memory: Memory, plan: Plan, now: float) -> None:

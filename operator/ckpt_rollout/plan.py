@@ -1,8 +1,8 @@
 """A Plan — what one reconcile step decided — and the Draft the machine builds it in.
 
 The executor runs a Plan in this order: the status (with wave membership and the pods about to
-be called: intent first), then the calls, pulls and probe, then events and metrics. Nothing
-here does I/O."""
+be called: intent first), events and metrics, then the calls, pulls, probe and analysis
+measurement. Nothing here does I/O."""
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -66,6 +66,17 @@ class Probe:
 
 
 @dataclass(frozen=True)
+class Measurement:
+    """Run a wave's analysis queries once, each an instant query, and keep the answers in
+    Memory.measured under ``key`` (the version, wave and measurement number)."""
+
+    key: str
+    address: str
+    queries: tuple[tuple[str, str], ...]  # (name, PromQL with its placeholders filled in)
+    timeout_s: float
+
+
+@dataclass(frozen=True)
 class Event:
     type: EventType
     reason: EventReason
@@ -91,6 +102,7 @@ class Plan:
     calls: list[Call] = field(default_factory=list)
     pulls: list[Pull] = field(default_factory=list)
     probe: Probe | None = None
+    measurement: Measurement | None = None
     events: list[Event] = field(default_factory=list)
     metrics: list[Metric] = field(default_factory=list)
     # Memory bookkeeping for the executor.

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ckpt_api.vocabulary import Phase, WavePhase, WorkerPhase
-from ckpt_rollout.views import _table
+from ckpt_rollout.views import _table, analysis_cell, desired_version
 
 
 def rollout_view(obj: dict[str, Any]) -> dict[str, Any]:
@@ -20,11 +20,11 @@ def rollout_view(obj: dict[str, Any]) -> dict[str, Any]:
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
-    if status.get("targetVersion") != spec.get("version"):
+    if status.get("targetVersion") != desired_version(obj):
         # The operator has not picked the new version up yet: the old waves would mislead.
         status = {k: status.get(k) for k in ("stableVersion", "previousVersion", "replicas")}
     entries: dict[str, Any] = status.get("workers") or {}
-    target = spec.get("version")
+    target = desired_version(obj)
     waves = []
     members: dict[str, tuple[int, str]] = {}
     for wave in status.get("waves") or []:
@@ -44,6 +44,7 @@ def rollout_view(obj: dict[str, Any]) -> dict[str, Any]:
                 "members": pods,
                 "updated": wave.get("updated", 0),
                 "failed": wave.get("failed", 0),
+                "analysis": analysis_cell(wave, spec),
             }
         )
     workers = []
@@ -130,7 +131,7 @@ def render_table(view: dict[str, Any]) -> str:
         f"message: {_cell(view['message'])}",
     ]
     if view["waves"]:
-        rows = [["WAVE", "KIND", "PHASE", "PODS", "UPDATED", "FAILED", "MEMBERS"]]
+        rows = [["WAVE", "KIND", "PHASE", "PODS", "UPDATED", "FAILED", "ANALYSIS", "MEMBERS"]]
         rows += [
             [
                 str(w["wave"]),
@@ -139,6 +140,7 @@ def render_table(view: dict[str, Any]) -> str:
                 str(len(w["members"])),
                 str(w["updated"]),
                 str(w["failed"]),
+                _cell(w["analysis"]),
                 " ".join(f"{m['pod']}={m['state']}" for m in w["members"]),
             ]
             for w in view["waves"]
@@ -175,6 +177,8 @@ def change_lines(before: dict[str, Any] | None, after: dict[str, Any]) -> list[s
         if old is None or (old["phase"], len(old["members"])) != (wave["phase"], len(wave["members"])):
             pods = ", ".join(m["pod"] for m in wave["members"])
             lines.append(f"wave {wave['wave']}: {_cell(wave['phase'])} ({len(wave['members'])} pods: {pods})")
+        if wave["analysis"] and (old is None or old["analysis"] != wave["analysis"]):
+            lines.append(f"wave {wave['wave']} analysis: {wave['analysis']}")
     old_workers = {w["pod"]: w for w in (before or {}).get("workers", [])}
     for worker in after["workers"]:
         old = old_workers.get(worker["pod"])

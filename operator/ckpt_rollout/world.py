@@ -56,6 +56,14 @@ class Now:
         return rfc3339(self.wall)
 
 
+@dataclass(frozen=True)
+class QueryAnswer:
+    """What Prometheus answered to one instant query: its samples' values, or why it gave none."""
+
+    values: tuple[float, ...] = ()
+    error: str | None = None
+
+
 @dataclass
 class Tuning:
     poll_s: float = 0.5
@@ -72,6 +80,10 @@ class Tuning:
     push_max_wave: int = 8
     pull_first_s: float = 0.25
     pull_rate: float = 500.0
+    # spec.strategy.analysis: where Prometheus is when the CR names none (--prometheus-url), and
+    # the limit on one measurement's queries.
+    prometheus_url: str | None = None
+    prometheus_timeout_s: float = 10.0
 
 
 @dataclass
@@ -88,6 +100,8 @@ class Memory:
     # previousVersion probe of the canary: (pod, version it served or None) once answered.
     probed: tuple[str, str | None] | None = None
     announced: set[str] = field(default_factory=set)  # "pod/version" failures already evented
+    # The last analysis measurement: (its Measurement.key, one answer per query), until folded.
+    measured: tuple[str, tuple[QueryAnswer, ...]] | None = None
 
     def reset(self) -> None:
         self.call_times.clear()
@@ -97,3 +111,4 @@ class Memory:
         self.heard.clear()
         self.probed = None
         self.announced.clear()
+        self.measured = None

@@ -16,7 +16,12 @@ import xxhash
 
 from ckpt_agent.manifest import MANIFEST_NAME, ExtraFile, encode_manifest, manifest_digest, parse_manifest
 from ckpt_agent.publish import publish
-from ckpt_agent.synth import ReferenceModelSpec, expected_infer_output, write_reference_checkpoint
+from ckpt_agent.synth import (
+    ReferenceModelSpec,
+    expected_infer_output,
+    published_reference,
+    write_reference_checkpoint,
+)
 from ckpt_api.agent_api import PREFER_HEADER, RESPOND_ASYNC
 
 SPEC = ReferenceModelSpec(hidden=32, layers=3, outputs=8)
@@ -51,10 +56,25 @@ class Tree:
     def file_uri(self) -> str:
         return f"file://{self.root}"
 
-    def add(self, version: str, seed: int, spec: ReferenceModelSpec = SPEC, shards: int = 1) -> Path:
+    def add(
+        self,
+        version: str,
+        seed: int,
+        spec: ReferenceModelSpec = SPEC,
+        shards: int = 1,
+        *,
+        poison: str | None = None,
+        reference_seed: int | None = None,
+    ) -> Path:
+        """Publish the reference model for `seed` with its published reference, as a trainer
+        would. `poison`: a tensor holding NaN; `reference_seed`: publish another seed's reference
+        (a wrong export: the bytes are not the model the reference was computed from)."""
         src = self.work / f"src-{version}"
-        write_reference_checkpoint(src, seed, spec, shards=shards)
-        self.digests[version] = publish(src, version, self.root)
+        write_reference_checkpoint(src, seed, spec, shards=shards, poison=poison)
+        reference = published_reference(
+            spec, seed if reference_seed is None else reference_seed, poison=poison
+        )
+        self.digests[version] = publish(src, version, self.root, reference=reference)
         return self.root / version
 
     def add_from_dir(self, version: str, src: Path) -> Path:

@@ -1,6 +1,7 @@
 """What the SGLang and vLLM stand-ins share: model weights that really load from a directory's
 *.safetensors, tensor by tensor, remembering where each tensor came from, so a test can tell a
-consistent model from a mixed one; faults injected per load attempt; and a server that dies.
+consistent model from a mixed one; faults injected per load attempt; a server that dies; and
+what a generation answers (`Generator`, the FastDeploy stand-in's too).
 
 Files are picked as both engines' loaders pick them (vLLM's and SGLang's
 `filter_duplicate_safetensors_files`: every *.safetensors, or, when the directory has a
@@ -14,10 +15,13 @@ maps every tensor to the shard holding it (transformers loads sharded weights on
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 from aiohttp import web
@@ -131,3 +135,41 @@ def drop_connection(request: web.Request) -> web.Response:
     assert request.transport is not None
     request.transport.close()
     return web.Response()
+
+
+# What a generation's reply may be made to look like: nothing generated, cut off before it
+# finished (an abort), or no answer at all (a hung engine, found by the caller's timeout).
+GenerationFault = Literal["empty", "unfinished", "hang"]
+# A healthy model's greedy continuation of any prompt, one word a token.
+ANSWER = (" Paris", ".", " It", " is", " the", " capital", " and", " largest", " city", " of", " France", ".")
+
+
+def holds_nan(weights: ModelWeights) -> bool:
+    """A float parameter holds NaN: the logits are NaN, nothing sensible decodes from them."""
+    return any(v.dtype.kind == "f" and bool(np.isnan(v).any()) for v in weights.values().values())
+
+
+@dataclass
+class Generator:
+    """A greedy generation as the engines' servers answer one: `max_tokens` tokens of ANSWER,
+    finished "length" when the budget cut it and "stop" at its end. Weights holding NaN give
+    empty text (every token decodes to nothing); `fault` makes a reply garbage on purpose."""
+
+    fault: GenerationFault | None = None
+    requests: list[dict[str, Any]] = field(default_factory=list)  # every generation's body
+    # What a hung generation waits for: set by `release`, so the server can stop without
+    # waiting out its shutdown grace for a request nobody will read.
+    _released: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def release(self) -> None:
+        self._released.set()
+
+    async def generate(self, max_tokens: int, nan: bool) -> tuple[str, str, int]:
+        """(text, finish reason, tokens)."""
+        if self.fault == "hang":
+            await self._released.wait()  # the caller's timeout ends it first
+        if nan or self.fault == "empty":
+            return "", "length", max_tokens
+        tokens = ANSWER[:max_tokens]
+        finish = "length" if max_tokens < len(ANSWER) else "stop"
+        return "".join(tokens), "abort" if self.fault == "unfinished" else finish, len(tokens)

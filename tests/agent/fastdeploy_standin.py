@@ -10,6 +10,10 @@ rl/dynamic_weight_manager.py, entrypoints/openai/middleware.py AuthenticationMid
                               answers once every tensor-parallel rank has loaded, result one
                               {sync_cost, update_cost, total_cost, version, rank} per rank;
                               never resumes
+    POST /v1/completions      OpenAI-compatible (entrypoints/openai/protocol.py CompletionRequest,
+                              CompletionResponse): {"prompt", "max_tokens"?, "model" = "default"}
+                              -> {"id", "object": "text_completion", "created", "model",
+                              "choices": [{"index", "text", "finish_reason", ...}], "usage"}
 
 Every answer is the envelope {request_id: "control-<uuid4>", status, error_message, result}
 with HTTP status = its code ("Success" on success). A wrong `version` / `verify_checksum` type
@@ -21,8 +25,9 @@ as FastDeploy's engine runs them inline on one thread.
 
 Each rank holds a version; a version listed in `failures` fails on the ranks named there,
 leaving those ranks half-written (a mix, as FastDeploy's in-place writes leave) while the others
-load it; `stale_ranks` answer success but keep their old weights. Every engine call is recorded
-in order, so tests can check the agent's sequence.
+load it; `stale_ranks` answer success but keep their old weights; versions in `nan_versions`
+hold NaN weights (a generation then decodes empty text). Every engine call is recorded in order,
+so tests can check the agent's sequence (generations are kept apart, in `generator.requests`).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from engine_standin import Generator
 
 from ckpt_agent.httpserver import AppServer, serve_until_signalled
 
@@ -78,6 +84,8 @@ class FastDeployStandIn:
         self.calls: list[tuple[str, Any]] = []
         self.failures: dict[str, MidLoadFailure] = {}
         self.stale_ranks: set[int] = set()
+        self.nan_versions: set[str] = set()
+        self.generator = Generator()  # what /v1/completions answers (set `fault` for garbage)
         # False: every pause is undone at once, as by another client's resume behind our back.
         self.pause_holds = True
         # Set by a test: update_weights waits for it (a load in progress, without sleeping).
@@ -91,6 +99,7 @@ class FastDeployStandIn:
         app.router.add_get("/v1/is_paused", self._is_paused)
         app.router.add_post("/v1/update_weights", self._update_weights)
         app.router.add_get("/health", self._health)
+        app.router.add_post("/v1/completions", self._completions)
         self.server = AppServer(app, "127.0.0.1", port)
 
     @property
@@ -159,6 +168,47 @@ class FastDeployStandIn:
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
+
+    async def _completions(self, request: web.Request) -> web.Response:
+        try:
+            body = json.loads(await request.read())
+        except ValueError as exc:
+            error = {"message": str(exc), "type": "internal_error", "param": None, "code": None}
+            return web.json_response({"error": error}, status=500)
+        if not isinstance(body, dict) or not body.get("prompt"):
+            error = {
+                "message": "prompt is required",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": 400,
+            }
+            return web.json_response({"error": error}, status=400)
+        self.generator.requests.append(body)
+        nan = any(version in self.nan_versions for version in self.ranks)
+        text, finish, tokens = await self.generator.generate(body.get("max_tokens") or 16, nan)
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "reasoning_content": None,
+            "finish_reason": finish,
+        }
+        prompt_tokens = len(str(body["prompt"]).split())
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "total_tokens": prompt_tokens + tokens,
+            "completion_tokens": tokens,
+        }
+        return web.json_response(
+            {
+                "id": f"cmpl-{uuid.uuid4()}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": body.get("model") or "default",
+                "choices": [choice],
+                "usage": usage,
+            }
+        )
 
     async def _update_weights(self, request: web.Request) -> web.Response:
         raw = await request.read()

@@ -12,6 +12,12 @@ model_executor/model_runner_components/weight_updater.py, utils/auth.py):
     POST /update_weight_version     {"new_version", "abort_all_requests" = true}
     GET  /model_info, /get_model_info   {"model_path", "served_model_name", "weight_version",
                                          "load_format", ...}
+    POST /generate                  {"text", "sampling_params": {"max_new_tokens" = 128, ...}, ...}
+                                    -> {"text", "output_ids", "meta_info": {"id", "finish_reason":
+                                        {"type": "length", "length"} | {"type": "stop", "matched"}
+                                        | {"type": "abort", "message"}, "prompt_tokens",
+                                        "completion_tokens", ...}}   (a single text, no stream;
+                                    managers/schedule_batch.py FINISH_* to_json)
     GET  /health                    (there is no /get_weight_version in 0.5.23: 404)
 
 As in 0.5.23: every body is required JSON, unknown fields are ignored, and a validation error
@@ -33,11 +39,12 @@ is recorded; a flush refused because an `in_place` pause kept requests running f
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from engine_standin import ModelWeights, drop_connection, iter_tensors, weight_files
+from engine_standin import Generator, ModelWeights, drop_connection, holds_nan, iter_tensors, weight_files
 
 from ckpt_agent.httpserver import AppServer
 
@@ -87,6 +94,7 @@ class SGLangStandIn:
         self.resumed_with: list[frozenset[str]] = []  # where the weights came from, at each continue
         self.unmounted: tuple[str, ...] = ()  # paths SGLang's container does not see
         self.crash_on: set[str] = set()  # routes whose call kills the server (a crash at that moment)
+        self.generator = Generator()  # what /generate answers (set `fault` for garbage)
         self.boot()
         app = web.Application(middlewares=[self._middleware])
         app.router.add_post("/pause_generation", self._pause)
@@ -96,6 +104,7 @@ class SGLangStandIn:
         app.router.add_get("/model_info", self._model_info)
         app.router.add_get("/get_model_info", self._model_info)
         app.router.add_get("/health", self._health)
+        app.router.add_post("/generate", self._generate)
         self.server = AppServer(app, "127.0.0.1", 0)
 
     def boot(self) -> None:
@@ -249,3 +258,31 @@ class SGLangStandIn:
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response()
+
+    async def _generate(self, request: web.Request) -> web.Response:
+        try:
+            body = json.loads(await request.read())
+        except ValueError:
+            raise Invalid("Field required: a JSON body") from None
+        if not isinstance(body, dict) or not isinstance(body.get("text"), str):
+            raise Invalid("Either text, input_ids or input_embeds should be provided.")
+        params = body.get("sampling_params") or {}
+        max_new = params.get("max_new_tokens", 128)
+        self.generator.requests.append(body)
+        text, finish, tokens = await self.generator.generate(max_new, holds_nan(self.weights))
+        reason: dict[str, Any] = {"type": finish}
+        if finish == "length":
+            reason["length"] = tokens
+        elif finish == "stop":
+            reason["matched"] = 151645  # the end-of-text token id
+        else:
+            reason["message"] = "Abort before prefill"
+        meta = {
+            "id": uuid.uuid4().hex,
+            "finish_reason": reason,
+            "prompt_tokens": len(body["text"].split()),
+            "completion_tokens": tokens,
+            "cached_tokens": 0,
+            "weight_version": self.weight_version,
+        }
+        return web.json_response({"text": text, "output_ids": list(range(tokens)), "meta_info": meta})

@@ -127,13 +127,15 @@ def test_bench_dataplane_reports_every_figure(tmp_path: Path) -> None:
     results = run_dataplane(size_mb=4, tensor_mb=1, chunk_mb=1, repeat=1, workdir=str(tmp_path))
     for key in (
         "memcpy_gbps", "xxh3_gbps", "tcp_gbps", "file_gbps", "file_verify_gbps", "http_gbps",
-        "http_verify_gbps", "publish_gbps",
+        "http_verify_gbps", "publish_gbps", "file_verify_finite_gbps", "http_verify_finite_gbps",
     ):  # fmt: skip
         assert results[key] > 0, key
+    assert set(results["finite_check_gbps"]) == {"BF16", "F32"}
+    assert all(gbps > 0 for gbps in results["finite_check_gbps"].values())
     for key in ("mooncake_gbps", "mooncake_verify_gbps"):  # the engine is installed here (agent extra)
         assert results[key] > 0, key
     assert results["peak_extra_rss_mb"] >= 0
     assert set(results["targets_met"]) == {
         "http_ge_half_tcp", "mooncake_verify_ge_half_tcp", "file_ge_half_memcpy", "verify_cost_le_10pct",
-        "rss_within_budget", "publish_ge_0_8_xxh3",
+        "rss_within_budget", "publish_ge_0_8_xxh3", "finite_cost_le_10pct",
     }  # fmt: skip

@@ -35,7 +35,8 @@ def _after(vllm: VLLMStandIn, mark: int) -> list[str]:
 
 async def _completions(session: aiohttp.ClientSession, vllm: VLLMStandIn, token: str | None = None) -> int:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    async with session.post(vllm.server.url + "/v1/completions", json={}, headers=headers) as resp:
+    body = {"prompt": "The capital of France is"}
+    async with session.post(vllm.server.url + "/v1/completions", json=body, headers=headers) as resp:
         return resp.status
 
 
@@ -263,3 +264,28 @@ async def test_dev_routes_need_no_key_even_when_vllm_has_one(
     assert (await client.wait_settled())["version"] == "v2"
     assert await _completions(session, vllm) == 401
     assert await _completions(session, vllm, "k") == 200
+
+
+async def test_the_smoke_check_sends_the_key_vllm_guards_v1_with(
+    tree: Tree, agent_factory: AgentFactory, start_vllm: Starter, tmp_path: Path
+) -> None:
+    """The smoke check's /v1/completions is behind --api-key: without --vllm-api-key-file it is
+    refused (401), the check fails and the previous version is loaded back; with it, it passes."""
+    check = {"prompt": "The capital of France is", "max_tokens": 8, "timeout_seconds": 5}
+    vllm: VLLMStandIn = await start_vllm(boot_dir=tree.root / "v1", api_key="k")
+    keyless = await disk_agent(agent_factory, "vllm", vllm.server.url, tree, tmp_path / "a")
+    assert (await keyless.update("v2"))[0] == 202  # a version the agent knows, to go back to
+    assert (await keyless.wait_settled())["version"] == "v2"
+    assert (await keyless.update("v3", health_check=check))[0] == 202
+    status = await keyless.wait_settled()
+    assert (status["version"], status["last_error"]["reason"]) == ("v2", "HealthCheckFailed")
+    assert "401" in status["last_error"]["message"]
+
+    key_file = tmp_path / "vllm-key"
+    key_file.write_text("k\n")
+    keyed = await disk_agent(
+        agent_factory, "vllm", vllm.server.url, tree, tmp_path / "b", vllm_api_key_file=key_file
+    )
+    assert (await keyed.update("v3", health_check=check))[0] == 202
+    status = await keyed.wait_settled()
+    assert (status["version"], status["last_load"]["health_check"]["passed"]) == ("v3", True)

@@ -12,7 +12,12 @@ v1/engine/core.py, model_executor/model_loader/reload/inplace.py and layerwise.p
     POST /update_weight_version {"new_version"}   -> {"success": true, "new_version"}
     GET  /weight_info                             -> {"weight_version"} ("default" at start)
     GET  /server_info?config_format=json          -> {"vllm_config": {...}, ...}
-    GET  /version, GET /health, POST /v1/completions (always present)
+    GET  /version, GET /health                    (always present)
+    POST /v1/completions {"prompt", "max_tokens" = 16, "model"?, ...}   (always present)
+                         -> {"id", "object": "text_completion", "created", "model",
+                             "choices": [{"index", "text", "finish_reason", "stop_reason", ...}],
+                             "usage"}; an empty prompt is 400
+                         (entrypoints/openai/completion/protocol.py CompletionRequest/Response)
 
 Without dev mode the dev routes do not exist (404). `--api-key` guards only /v1 (401
 {"error": "Unauthorized"}); the dev routes stay open. While paused (abort or wait) new requests
@@ -32,11 +37,13 @@ from __future__ import annotations
 
 import json
 import re
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from engine_standin import UNINITIALISED, ModelWeights, iter_tensors, weight_files
+from engine_standin import UNINITIALISED, Generator, ModelWeights, holds_nan, iter_tensors, weight_files
 
 from ckpt_agent.httpserver import AppServer
 
@@ -89,6 +96,7 @@ class VLLMStandIn:
         self.calls: list[tuple[str, Any]] = []
         self.resumed_with: list[frozenset[str]] = []
         self.unmounted: tuple[str, ...] = ()  # paths vLLM's container does not see
+        self.generator = Generator()  # what /v1/completions answers (set `fault` for garbage)
         app = web.Application()
         app.router.add_get("/version", self._version)
         app.router.add_get("/health", self._health)
@@ -120,7 +128,43 @@ class VLLMStandIn:
             return web.json_response({"error": "Unauthorized"}, status=401)
         if self.paused in ("abort", "wait"):
             return _error("The engine is paused; retry later", 503, "Service Unavailable")
-        return web.json_response({"sources": sorted(self.weights.sources())})
+        try:
+            body = json.loads(await request.read())
+        except ValueError:
+            return _error("Invalid JSON body", 400, "Bad Request")
+        prompt = body.get("prompt") if isinstance(body, dict) else None
+        if not prompt:
+            return _error(
+                "Either prompt or prompt_embeds must be provided and non-empty.", 400, "Bad Request"
+            )
+        max_tokens = body.get("max_tokens", 16)
+        self.generator.requests.append(body)
+        text, finish, tokens = await self.generator.generate(max_tokens, holds_nan(self.weights))
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": finish,
+            "stop_reason": None,
+            "token_ids": None,
+            "prompt_logprobs": None,
+            "prompt_token_ids": None,
+        }
+        prompt_tokens = len(str(prompt).split())
+        return web.json_response(
+            {
+                "id": f"cmpl-{uuid.uuid4().hex}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": body.get("model") or self.boot_path,
+                "choices": [choice],
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "total_tokens": prompt_tokens + tokens,
+                    "completion_tokens": tokens,
+                },
+            }
+        )
 
     async def _pause(self, request: web.Request) -> web.Response:
         self.calls.append(("pause", dict(request.query)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -9,6 +10,7 @@ import yaml
 from chart_render import CHART, ROOT, Helm, Obj, Rendered, rule_set
 
 from ckpt_api.crd import build_crd
+from ckpt_api.status import CheckpointRolloutStatus
 from ckpt_api.vocabulary import LEASE_NAME
 
 # What the operator calls, exactly (lead's contract in the chart's issue).
@@ -22,6 +24,9 @@ OPERATOR_RULES = {
     ("", "pods", "get"),
     ("", "pods", "list"),
     ("", "pods", "watch"),
+    ("", "configmaps", "get"),
+    ("", "configmaps", "list"),
+    ("", "configmaps", "watch"),
     ("", "events", "create"),
     ("", "events", "patch"),
     ("events.k8s.io", "events", "create"),
@@ -336,6 +341,73 @@ def test_worker_rbac_grants_exactly_what_the_agent_needs(helm: Helm) -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "ckpt-rollout-worker", "namespace": ns} for ns in ("rl-a", "rl-b")
     ]
+
+
+def test_source_policy_reaches_the_operator_and_a_malformed_rule_fails_the_install(helm: Helm) -> None:
+    assert not any("sources" in a for a in _operator(helm.template())["args"])
+    rules = ["https://ckpt.example.com/rl", "mooncake://10.0.0.0/8"]
+    args = _operator(helm.template({"sourcePolicy": {"allowedSources": rules, "allowLinkLocal": True}}))[
+        "args"
+    ]
+    assert "--allowed-sources=https://ckpt.example.com/rl,mooncake://10.0.0.0/8" in args
+    assert "--allow-link-local-sources" in args
+    assert "/sourcePolicy/allowedSources/0" in helm.template_error(
+        {"sourcePolicy": {"allowedSources": ["a,b"]}}
+    )
+
+
+def test_worker_admission_policies_bind_the_worker_accounts_and_compare_every_other_status_field(
+    helm: Helm,
+) -> None:
+    """On with worker RBAC: one policy (and its Deny binding) per status subresource, matching the
+    worker accounts of every worker namespace; the rollout policy compares every status field but
+    workers, so a field added to the status model and missing here fails this test."""
+    rendered = helm.template({"workerRbac": {"enabled": True, "namespaces": ["rl-a", "rl-b"]}})
+    policies = {p["metadata"]["name"]: p for p in rendered.of_kind("ValidatingAdmissionPolicy")}
+    assert sorted(policies) == [
+        "rel-ckpt-rollout-worker-checkpointrollouts-status",
+        "rel-ckpt-rollout-worker-pods-status",
+    ]
+    for name, policy in policies.items():
+        binding = rendered.one("ValidatingAdmissionPolicyBinding", name)
+        assert binding["spec"] == {"policyName": name, "validationActions": ["Deny"]}
+        (condition,) = policy["spec"]["matchConditions"]
+        assert condition["expression"] == (
+            "request.userInfo.username in ['system:serviceaccount:rl-a:ckpt-rollout-worker', "
+            "'system:serviceaccount:rl-b:ckpt-rollout-worker']"
+        )
+        assert policy["spec"]["failurePolicy"] == "Fail"
+    rules = policies["rel-ckpt-rollout-worker-checkpointrollouts-status"]["spec"]["validations"]
+    compared = set(re.findall(r"object\.\?status\.\?(\w+) == oldObject", rules[-1]["expression"]))
+    fields = {f.alias or n for n, f in CheckpointRolloutStatus.model_fields.items()}
+    assert compared == fields - {"workers"}
+    off = helm.template({"workerRbac": {"enabled": True, "admissionPolicy": False}})
+    assert off.of_kind("ValidatingAdmissionPolicy") == []
+
+
+def test_worker_network_policy_lets_only_the_operator_and_peers_reach_the_agent(helm: Helm) -> None:
+    assert helm.template({"workerRbac": {"enabled": True}}).of_kind("NetworkPolicy") == []
+    scraper = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    policy_values = {"enabled": True, "mooncakePorts": [15000, 15001], "metricsFrom": scraper}
+    rendered = helm.template(
+        {"workerRbac": {"enabled": True, "namespaces": ["rl-a", "rl-b"], "networkPolicy": policy_values}}
+    )
+    policies = rendered.of_kind("NetworkPolicy")
+    assert sorted(p["metadata"]["namespace"] for p in policies) == ["rl-a", "rl-b"]
+    operator_labels = rendered.one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    workers = {"matchLabels": {"app": "rollout-worker"}}
+    for policy in policies:
+        spec = policy["spec"]
+        assert (spec["podSelector"], spec["policyTypes"]) == (workers, ["Ingress"])
+        agent, metrics, mooncake = spec["ingress"]
+        assert agent["ports"] == [{"port": 8089, "protocol": "TCP"}]
+        operator, peers = agent["from"]
+        assert operator["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}
+        assert operator["podSelector"]["matchLabels"].items() <= operator_labels.items()
+        assert peers == {"podSelector": workers}
+        assert metrics == {"ports": [{"port": 8090, "protocol": "TCP"}], "from": scraper}
+        assert mooncake["ports"] == [{"port": p, "protocol": "TCP"} for p in (15000, 15001)]
+        assert mooncake["from"] == [{"podSelector": workers}]
 
 
 def test_worker_rbac_defaults_to_the_release_namespace_and_an_existing_account(helm: Helm) -> None:

@@ -42,7 +42,7 @@ def test_board_view_sorts_rollouts_and_says_why_actions_are_refused() -> None:
     assert board["error"] == "watch: connection refused"
     assert [v["name"] for v in board["rollouts"]] == ["a", "b", "c"]
     refusals = {v["name"]: v["refusals"] for v in board["rollouts"]}
-    assert set(refusals["a"]) == {"pause", "resume", "promote", "abort", "retry"}
+    assert set(refusals["a"]) == {"pause", "resume", "promote", "skip-analysis", "abort", "retry"}
     assert refusals["a"]["retry"] is None
     assert refusals["a"]["promote"] == "not paused after a wave (phase is RolledBack); nothing to promote"
     assert refusals["b"]["promote"] is None

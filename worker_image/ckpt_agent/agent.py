@@ -76,7 +76,12 @@ def _disk_engine(config: AgentConfig) -> Engine:
         )
     from ckpt_agent.engines.vllm import VLLMEngine
 
-    return VLLMEngine(url, config.staging_dir, **staging)
+    return VLLMEngine(
+        url,
+        config.staging_dir,
+        api_key=read_secret_file(config.vllm_api_key_file, "--vllm-api-key-file"),
+        **staging,
+    )
 
 
 def _relay_exporter(config: AgentConfig) -> RelayExporter | None:
@@ -159,6 +164,7 @@ async def build_agent(config: AgentConfig) -> Agent:
         initial_version=config.initial_version,
         initial_verify=config.initial_verify,
         await_rollout=config.await_rollout,
+        source_policy=config.source_policy(),
     )
     app = create_app(
         service, authenticator, _relay_exporter(config), sync_timeout_s=config.sync_update_timeout

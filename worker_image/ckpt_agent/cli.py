@@ -42,9 +42,14 @@ def _add_logging_arguments(p: argparse.ArgumentParser) -> None:
 def _publish(args: argparse.Namespace) -> int:
     import json
 
-    from ckpt_agent.publish import PublishError, publish_version
+    from ckpt_agent.publish import PublishError, publish_version, read_reference
     from ckpt_agent.publish.progress import Bar, Lines, Reporter
 
+    try:
+        reference = None if args.reference is None else read_reference(Path(args.reference))
+    except PublishError as exc:
+        print(f"ckpt-rollout publish: {exc}", file=sys.stderr)
+        return 1
     # A terminal gets a live bar; logs and CI get one line per file, both on stderr so stdout
     # stays the digest (or the --json summary) that scripts read.
     reporter: Reporter = Bar(f"publish {args.version}") if sys.stderr.isatty() else Lines()
@@ -57,6 +62,7 @@ def _publish(args: argparse.Namespace) -> int:
             link=args.link,
             threads=args.threads,
             reporter=reporter,
+            reference=reference,
         )
     except PublishError as exc:
         print(f"ckpt-rollout publish: {' '.join(str(exc).split())}", file=sys.stderr)
@@ -136,6 +142,7 @@ def config_from_args(args: argparse.Namespace, env: dict[str, str] | None = None
         sglang_load_format=args.sglang_load_format,
         sglang_pause_mode=args.sglang_pause_mode,
         sglang_api_key_file=Path(args.sglang_api_key_file) if args.sglang_api_key_file else None,
+        vllm_api_key_file=Path(args.vllm_api_key_file) if args.vllm_api_key_file else None,
         sglang_admin_api_key_file=(
             Path(args.sglang_admin_api_key_file) if args.sglang_admin_api_key_file else None
         ),
@@ -150,6 +157,8 @@ def config_from_args(args: argparse.Namespace, env: dict[str, str] | None = None
             allowed_usernames=usernames,
             disabled=args.no_auth,
         ),
+        allowed_sources=tuple(s for s in (args.allowed_sources or "").split(",") if s.strip()),
+        allow_link_local_sources=args.allow_link_local_sources,
         report=args.report,
         pod_name=environ.get("POD_NAME") or None,
         pod_namespace=environ.get("POD_NAMESPACE") or None,
@@ -289,6 +298,10 @@ def _add_agent_parser(sub: SubParsers) -> None:
     )
     p.add_argument("--sglang-api-key-file", help="file holding the SGLang server's --api-key")
     p.add_argument(
+        "--vllm-api-key-file",
+        help="file holding the vLLM server's --api-key (its /v1 routes, which the smoke check calls)",
+    )
+    p.add_argument(
         "--sglang-admin-api-key-file",
         help="file holding the SGLang server's --admin-api-key (sent to its pause/update/continue routes)",
     )
@@ -312,6 +325,16 @@ def _add_agent_parser(sub: SubParsers) -> None:
     p.add_argument("--tokenreview-audience", help="check bearer tokens with TokenReview for this audience")
     p.add_argument("--allowed-usernames", help="comma-separated, e.g. system:serviceaccount:ns:operator")
     p.add_argument("--no-auth", action="store_true", help="no authentication (local development only)")
+    p.add_argument(
+        "--allowed-sources",
+        help="comma-separated rules scheme://host[:port][/path] a source must match (host: a name, "
+        "*.domain, * or a CIDR; file:///path for a directory tree); default: any source",
+    )
+    p.add_argument(
+        "--allow-link-local-sources",
+        action="store_true",
+        help="let sources resolve to link-local addresses (169.254.0.0/16, fe80::/10: cloud metadata)",
+    )
     p.add_argument(
         "--report",
         action=argparse.BooleanOptionalAction,
@@ -343,6 +366,12 @@ def add_commands(sub: SubParsers) -> None:
         "the same filesystem costs hashing only; the source must never be modified afterwards",
     )
     p.add_argument("--threads", type=int, default=None, help="hashing threads (default: one per core)")
+    p.add_argument(
+        "--reference",
+        metavar="FILE",
+        help="JSON {outputs: [numbers], atol: number}: what the paddle reference model answers on "
+        "its fixed input with these weights, written into the manifest for the smoke check",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of the digest")
     p.set_defaults(func=_publish)
 

@@ -17,6 +17,7 @@ from ckpt_agent.manifest import DEFAULT_MAX_MANIFEST_BYTES
 from ckpt_agent.reader import DEFAULT_CHUNK_BYTES
 from ckpt_agent.synth import ReferenceModelSpec
 from ckpt_api.constants import DEFAULT_AGENT_METRICS_PORT, DEFAULT_AGENT_PORT
+from ckpt_api.source_policy import SourcePolicy
 
 # Engines the agent feeds from a local staging directory.
 DISK_ENGINES = ("sglang", "vllm")
@@ -74,6 +75,8 @@ class AgentConfig:
     # Files holding the SGLang server's --api-key / --admin-api-key (Kubernetes Secret mounts).
     sglang_api_key_file: Path | None = None
     sglang_admin_api_key_file: Path | None = None
+    # The vLLM server's --api-key (a mounted Secret): only the smoke check's /v1 call needs it.
+    vllm_api_key_file: Path | None = None
     # FastDeploy answers update_weights within its own 600 s (see ckpt_agent.engines.fastdeploy).
     fastdeploy_update_timeout: float = DEFAULT_UPDATE_TIMEOUT_S
     # FastDeploy's --api-key, sent as `Authorization: Bearer`: a file (a mounted Secret), else
@@ -88,6 +91,10 @@ class AgentConfig:
     relay_mooncake: str | None = None
     mooncake_device: str = ""
     auth: AuthConfig = field(default_factory=AuthConfig)
+    # Sources this agent may pull from (ckpt_api.source_policy rules; empty: any); link-local
+    # addresses (cloud metadata) are refused unless allowed.
+    allowed_sources: tuple[str, ...] = ()
+    allow_link_local_sources: bool = False
     # None: report when running in a cluster (pod identity known and a kube config available).
     report: bool | None = None
     pod_name: str | None = None
@@ -96,6 +103,10 @@ class AgentConfig:
 
     def validate(self) -> None:
         self.auth.validate()
+        try:
+            self.source_policy()
+        except ValueError as exc:
+            raise ConfigError(f"--allowed-sources: {exc}") from None
         if self.engine not in ("paddle", "fastdeploy", "null", *DISK_ENGINES):
             raise ConfigError(f"unknown engine {self.engine!r}")
         if self.relay_mooncake not in (None, "tcp", "rdma"):
@@ -106,6 +117,8 @@ class AgentConfig:
             raise ConfigError(f"the {self.engine} engine needs --staging-dir (a tmpfs or NVMe path)")
         if self.sglang_pause_mode not in SGLANG_PAUSE_MODES:
             raise ConfigError(f"--sglang-pause-mode must be one of {', '.join(SGLANG_PAUSE_MODES)}")
+        if self.engine == "vllm":
+            read_secret_file(self.vllm_api_key_file, "--vllm-api-key-file")
         if self.engine == "sglang":
             read_secret_file(self.sglang_api_key_file, "--sglang-api-key-file")
             read_secret_file(self.sglang_admin_api_key_file, "--sglang-admin-api-key-file")
@@ -117,6 +130,9 @@ class AgentConfig:
             raise ConfigError("--paddle-weights is for the paddle engine")
         if self.paddle_weights is not None and not self.paddle_weights.exists():
             raise ConfigError(f"--paddle-weights: {self.paddle_weights} does not exist")
+
+    def source_policy(self) -> SourcePolicy:
+        return SourcePolicy.parse(self.allowed_sources, allow_link_local=self.allow_link_local_sources)
 
     def fastdeploy_bearer(self) -> str | None:
         """The FastDeploy API key to send, if one is configured (raises ConfigError if its file

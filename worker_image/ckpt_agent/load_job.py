@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ckpt_agent.manifest import OutputReference
     from ckpt_agent.relay.copy import RelayCopy
+    from ckpt_api.agent_api import HealthCheckRequest
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,10 @@ class LoadJob:
     # with the update request's bearer token; see ckpt_agent.relay.
     peer: str | None = None
     bearer: str | None = field(default=None, repr=False)
+    # Refuse NaN/Inf in floating tensors (NonFiniteTensor) before anything is applied.
+    check_finite: bool = False
+    # The smoke check to run once the version is applied (the service runs it; engines ignore it).
+    health_check: HealthCheckRequest | None = None
 
     @property
     def must_verify(self) -> bool:
@@ -52,3 +58,5 @@ class LoadOutcome:
     relay: RelayCopy | None = None
     # The tensor bytes came from `LoadJob.peer` (engines that pull by themselves ignore peers).
     from_peer: bool = False
+    # The version manifest's published outputs, for the smoke check (in-process engines).
+    reference: OutputReference | None = None

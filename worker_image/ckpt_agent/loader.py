@@ -110,7 +110,12 @@ class InProcessLoader:
         finally:
             transport.close()
         return LoadOutcome(
-            manifest.total_bytes, job.must_verify, digest, relay, from_peer=job.peer is not None
+            manifest.total_bytes,
+            job.must_verify,
+            digest,
+            relay,
+            from_peer=job.peer is not None,
+            reference=manifest.reference,
         )
 
     async def _staged(
@@ -169,7 +174,13 @@ class InProcessLoader:
         async with gate.hold(LOAD):
             try:
                 await asyncio.to_thread(
-                    self._stream_apply, transport, manifest, job.must_verify, progress, job.cancel.is_set
+                    self._stream_apply,
+                    transport,
+                    manifest,
+                    job.must_verify,
+                    progress,
+                    job.cancel.is_set,
+                    check_finite=job.check_finite,
                 )
             except Exception as exc:
                 await self._restore(job, _as_load_error(exc))
@@ -181,6 +192,8 @@ class InProcessLoader:
         verify: bool,
         progress: LoadProgress,
         cancelled: Callable[[], bool],
+        *,
+        check_finite: bool = False,
     ) -> None:
         buf = np.empty(max(manifest.largest_tensor_bytes, 1), dtype=np.uint8).data
         with registered(transport, manifest.version, [buf]), self._target.applying() as apply:
@@ -194,6 +207,7 @@ class InProcessLoader:
                 progress=progress,
                 cancelled=cancelled,
                 chunk_bytes=self._chunk,
+                check_finite=check_finite,
             )
 
     async def _restore(self, job: LoadJob, failure: LoadError) -> None:

@@ -32,6 +32,7 @@ __all__ = [
     "MANIFEST_NAME",
     "ExtraFile",
     "Manifest",
+    "OutputReference",
     "TensorEntry",
     "encode_manifest",
     "is_valid_digest",
@@ -84,12 +85,25 @@ class ExtraFile:
 
 
 @dataclass(frozen=True)
+class OutputReference:
+    """What the reference model answers on its fixed input with a version's weights (the
+    manifest's `reference`), and how far an output may be from it."""
+
+    outputs: tuple[float, ...]
+    atol: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"outputs": list(self.outputs), "atol": self.atol}
+
+
+@dataclass(frozen=True)
 class Manifest:
     version: str
     files: Mapping[str, int]  # shard name -> size in bytes: the files holding tensors
     tensors: tuple[TensorEntry, ...]
     extra_files: Mapping[str, ExtraFile] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
+    reference: OutputReference | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -120,6 +134,8 @@ class Manifest:
         }
         if self.format_version >= 2:
             doc["extra_files"] = {name: e.to_json() for name, e in sorted(self.extra_files.items())}
+        if self.reference is not None:
+            doc["reference"] = self.reference.to_json()
         return doc
 
 
@@ -159,4 +175,7 @@ def parse_manifest(raw: bytes, *, expected_version: str | None = None) -> Manife
         ),
         extra_files={name: ExtraFile(name, e.size, e.xxh3_128) for name, e in doc.extra_files.items()},
         format_version=doc.format_version,
+        reference=None
+        if doc.reference is None
+        else OutputReference(tuple(doc.reference.outputs), doc.reference.atol),
     )

@@ -13,7 +13,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from ckpt_api.vocabulary import LoadResult, UpdateResult
+from ckpt_api.vocabulary import HealthCheckOutcome, LoadResult, UpdateResult
 
 # A `_created` series per counter and histogram doubles what Prometheus stores for a timestamp
 # nobody queries (restarts show in process_start_time_seconds).
@@ -57,6 +57,14 @@ class AgentMetrics:
         self.version_info = Gauge(
             "ckpt_agent_version_info", "1 for the live weights version", ["version"], registry=r
         )
+        self.health_checks = Counter(
+            "ckpt_agent_health_checks_total",
+            "smoke checks after a load (strategy.healthCheck), by result",
+            ["result"],
+            registry=r,
+        )
+        for outcome in HealthCheckOutcome:
+            self.health_checks.labels(outcome)
         self.load_in_progress = Gauge("ckpt_agent_load_in_progress", "1 while a load runs", registry=r)
         self.paused = Gauge("ckpt_agent_engine_paused", "1 while the engine is paused", registry=r)
         self.auth_failures = Counter(

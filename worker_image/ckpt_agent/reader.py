@@ -9,6 +9,9 @@ landed: preadv and xxhash both release the GIL, so on two cores the hash hides b
 instead of adding to it.
 Contiguous tensors of a shard are read through one ranged stream, so small tensors cost no
 request round trips.
+With `check_finite`, each floating tensor is also scanned for NaN/Inf (`ckpt_agent.finite`) in
+the same pass, block by block right after the hash reads it; a hit fails the tensor only once its
+checksum has matched, and before `on_tensor` (the apply, or nothing until the staged apply).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 import xxhash
 
 from ckpt_agent.errors import LoadError, Reason
+from ckpt_agent.finite import BLOCK_BYTES, FiniteScan, can_hold_non_finite
 from ckpt_agent.manifest import Manifest, TensorEntry, manifest_digest, parse_manifest
 from ckpt_agent.transport import ByteStream, Transport
 
@@ -219,43 +223,64 @@ class _ReadAhead:
         self._pool.shutdown(wait=True)
 
 
+def _inspect(piece: memoryview, hasher: xxhash.xxh3_128 | None, scan: FiniteScan | None) -> None:
+    if scan is None:
+        if hasher is not None:
+            hasher.update(piece)
+        return
+    # Block by block, so that the scan's passes find the bytes the hash just pulled in cache.
+    for block in _pieces(piece, BLOCK_BYTES):
+        if hasher is not None:
+            hasher.update(block)
+        scan.update(block)
+
+
 def _read_tensor(
     stream: ByteStream,
     entry: TensorEntry,
     buf: memoryview,
     *,
     verify: bool,
+    check_finite: bool,
     chunk_bytes: int,
     progress: LoadProgress,
     cancelled: Callable[[], bool],
     ahead: Callable[[], _ReadAhead],
 ) -> None:
     hasher = xxhash.xxh3_128() if verify else None
+    scan = FiniteScan(entry.dtype) if check_finite and can_hold_non_finite(entry.dtype) else None
     # Transports that move bytes in their own threads (Mooncake) go fastest when handed a whole
     # tensor at once: they split it into slices transferred in parallel; hashing then makes one
     # more pass over memory instead of interleaving with round trips.
     whole = getattr(stream, "prefers_whole_tensors", False)
     ahead_ok = getattr(stream, "overlaps_hashing", False)
-    if hasher is not None and ahead_ok and entry.nbytes >= _MIN_PIPELINED_BYTES:
+    inspect = hasher is not None or scan is not None
+    if inspect and ahead_ok and entry.nbytes >= _MIN_PIPELINED_BYTES:
         # At least two pieces, so that something overlaps even in a tensor of one chunk.
         step = min(chunk_bytes, max(entry.nbytes // 2, _MIN_PIECE_BYTES))
         # closing: however this loop ends, the helper has stopped writing `buf` when it does.
         with contextlib.closing(ahead().read(_pieces(buf, step), cancelled)) as landed:
             for piece in landed:
-                hasher.update(piece)
+                _inspect(piece, hasher, scan)
                 progress.add(piece.nbytes)
     else:
         for piece in _pieces(buf, entry.nbytes if whole else chunk_bytes):
             _check_cancel(cancelled)
             stream.readinto(piece)
-            if hasher is not None:
-                hasher.update(piece)
+            _inspect(piece, hasher, scan)
             progress.add(piece.nbytes)
     if hasher is not None and hasher.hexdigest() != entry.xxh3_128:
         raise LoadError(
             Reason.CHECKSUM_MISMATCH,
             f"tensor {entry.name!r} in {entry.file}: xxh3-128 {hasher.hexdigest()} "
             f"!= manifest {entry.xxh3_128}",
+            tensor=entry.name,
+        )
+    # After the checksum: damaged bytes are a ChecksumMismatch, whatever they decode to.
+    if scan is not None and scan.found is not None:
+        raise LoadError(
+            Reason.NON_FINITE_TENSOR,
+            f"tensor {entry.name!r} ({entry.dtype}) holds {scan.found.describe()}",
             tensor=entry.name,
         )
 
@@ -271,6 +296,7 @@ def read_run(
     progress: LoadProgress,
     cancelled: Callable[[], bool],
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    check_finite: bool = False,
 ) -> None:
     stream = transport.open_range(version, run.file, run.start, run.end)
     helper: _ReadAhead | None = None
@@ -294,6 +320,7 @@ def read_run(
                 entry,
                 buf,
                 verify=verify,
+                check_finite=check_finite,
                 chunk_bytes=chunk_bytes,
                 progress=progress,
                 cancelled=cancelled,
@@ -319,9 +346,12 @@ def read_runs(
     cancelled: Callable[[], bool],
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     parallelism: int = 1,
+    check_finite: bool = False,
 ) -> None:
     """Read every run; with parallelism > 1, runs are read concurrently (buffers must not alias
-    and `on_tensor` must be thread-safe). The first failure stops the others and is raised."""
+    and `on_tensor` must be thread-safe). The first failure stops the others and is raised.
+    `check_finite`: a floating tensor holding NaN/Inf fails (NonFiniteTensor) before
+    `on_tensor` sees it."""
     if parallelism <= 1 or len(runs) <= 1:
         for run in runs:
             read_run(
@@ -334,6 +364,7 @@ def read_runs(
                 progress=progress,
                 cancelled=cancelled,
                 chunk_bytes=chunk_bytes,
+                check_finite=check_finite,
             )
         return
     stop = threading.Event()
@@ -352,6 +383,7 @@ def read_runs(
                 progress=progress,
                 cancelled=lambda: stop.is_set() or cancelled(),
                 chunk_bytes=chunk_bytes,
+                check_finite=check_finite,
             )
         except BaseException:
             stop.set()

@@ -19,9 +19,12 @@ from ckpt_agent.relay.copy import RelayCopy
 from ckpt_agent.relay.peer import is_peer_fault
 from ckpt_agent.report import rfc3339, worker_entry
 from ckpt_agent.reporting import StatusReporter
+from ckpt_agent.smoke import CheckResult, outcome_of, run_check
+from ckpt_agent.transport.guard import SOURCE_POLICY
 from ckpt_api.agent_api import (
     AgentStatus,
     ErrorBody,
+    HealthCheckResult,
     LastError,
     LastLoad,
     RelayState,
@@ -30,6 +33,7 @@ from ckpt_api.agent_api import (
     UpdateCounts,
     UpdateWeightsRequest,
 )
+from ckpt_api.source_policy import SourcePolicy, SourceRefused
 from ckpt_api.vocabulary import (
     AgentState,
     ErrorCode,
@@ -77,8 +81,10 @@ class AgentService:
         initial_version: str | None = None,
         initial_verify: bool = True,
         await_rollout: bool = False,
+        source_policy: SourcePolicy | None = None,
     ) -> None:
         self.engine = engine
+        self.source_policy = source_policy or SourcePolicy()
         self.gate = PauseGate(engine)
         self.reporter = reporter
         self.metrics = metrics
@@ -99,6 +105,7 @@ class AgentService:
         # The copy of the live version that peers may pull (see ckpt_agent.relay).
         self.relay: RelayCopy | None = None
         self._fallback: str | None = None  # why the current load left its peer for the source
+        self._check: CheckResult | None = None  # the current load's smoke check, once it ran
         self._peer_bytes = 0
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -168,6 +175,14 @@ class AgentService:
             raise RequestError(
                 "the request has no source and the agent was started without --source", field="source"
             )
+        uri = req.source.uri if req.source else self._default_source
+        try:
+            if uri is not None:
+                self.source_policy.check_uri(uri)
+        except SourceRefused as exc:
+            refused = RequestError(str(exc), field="source.uri", reason=ErrorCode.INVALID_SOURCE, status=403)
+            self.reject(refused, req.version, req.rollout)
+            raise refused from None
         self._count(UpdateResult.ACCEPTED)
         task = self._begin(req, bearer)
         return Reply(202, UpdateAccepted(accepted=True, version=req.version), task)
@@ -186,7 +201,7 @@ class AgentService:
     def reject(self, error: RequestError, version: object, rollout: RolloutRef | None) -> None:
         """Book a refused request; an invalid version is also a failed update worth reporting."""
         self._count(UpdateResult.REJECTED)
-        if error.reason == Reason.INVALID_VERSION:
+        if error.reason in (Reason.INVALID_VERSION, Reason.INVALID_SOURCE):
             shown = str(version)[:256]
             self.last_error = LastError(version=shown, reason=error.reason, message=error.message)
             if rollout is not None:
@@ -219,6 +234,8 @@ class AgentService:
             previous=None if self.weights_lost else self.live,
             peer=peer,
             bearer=bearer if peer else None,
+            check_finite=req.checks is not None and req.checks.finite,
+            health_check=req.health_check,
         )
         # A load is about to change the weights (and may need the staging memory): stop relaying.
         self._withdraw_relay()
@@ -231,6 +248,7 @@ class AgentService:
 
     async def _run(self, job: LoadJob, rollout: RolloutRef | None) -> LoadEnd:
         started = time.monotonic()
+        SOURCE_POLICY.set(self.source_policy)  # this load's task and the threads it starts
         self.gate.held_seconds.pop(LOAD, None)
         self.metrics.load_in_progress.set(1)
         self.reporter.weights_ready(False, WeightsReadyReason.LOADING, f"loading {job.version}")
@@ -238,8 +256,10 @@ class AgentService:
             self._report(
                 rollout, job.version, WorkerPhase.LOADING, Reason.LOADING, f"loading {job.version}", 0, 0.0
             )
+        self._check = None
         try:
             outcome = await self._load(job, rollout.name if rollout else None)
+            await self._smoke(job, outcome)
         except Exception as exc:
             error = (
                 exc if isinstance(exc, LoadError) else LoadError(Reason.ENGINE_ERROR, f"load failed: {exc!r}")
@@ -268,6 +288,8 @@ class AgentService:
             # bytes against the source's manifest.
             self.relay = outcome.relay
             message = f"{job.version} is live ({outcome.bytes} bytes in {seconds:.2f}s)"
+            if self._check is not None:
+                message += f"; {self._check.verdict.message}"
             log.info("%s", message)
             if rollout is not None:
                 self._report(
@@ -279,6 +301,53 @@ class AgentService:
         finally:
             self.target = None
             self.metrics.load_in_progress.set(0)
+
+    async def _smoke(self, job: LoadJob, outcome: LoadOutcome) -> None:
+        """The request's smoke check of the weights just applied (engine resumed, pod not Ready
+        yet). On failure the previous version is loaded back, and LoadError(HealthCheckFailed)
+        raised: with `weights_lost` when there was none, or loading it back failed too."""
+        if job.health_check is None:
+            return
+        probe = self.engine.smoke(job.health_check, outcome.reference)
+        self._check = check = await run_check(probe, job.health_check.timeout_seconds)
+        self.metrics.health_checks.labels(outcome_of(check.verdict)).inc()
+        if check.verdict.passed is not False:
+            return
+        log.warning("%s failed its %s; loading the previous version back", job.version, check.verdict.message)
+        if outcome.relay is not None:
+            outcome.relay.release()  # never relay the bytes that failed
+        raise await self._load_back(job, check.verdict.message)
+
+    async def _load_back(self, job: LoadJob, failure: str) -> LoadError:
+        """Load `job.previous` again, as any load (digest-pinned when its digest is known)."""
+        previous = job.previous
+        if previous is None:
+            return LoadError(
+                Reason.HEALTH_CHECK_FAILED,
+                f"{failure}; no earlier version is known to load back, so the engine holds "
+                f"{job.version}'s weights and the pod stays NotReady",
+                weights_lost=True,
+            )
+        restore = LoadJob(
+            version=previous.version,
+            verify_checksum=previous.checksum_verified,
+            source_uri=previous.source_uri,
+            manifest_digest=previous.manifest_digest,
+            previous=None,
+            cancel=job.cancel,  # a shutdown stops it as it stops the load
+        )
+        try:
+            restored = await self.engine.load(restore, self.gate, LoadProgress())
+        except Exception as exc:
+            # Whatever went wrong, the engine may hold the failed version: nothing to vouch for.
+            why = exc.message if isinstance(exc, LoadError) else repr(exc)
+            return LoadError(
+                Reason.HEALTH_CHECK_FAILED,
+                f"{failure}; loading {previous.version} back failed too: {why}",
+                weights_lost=True,
+            )
+        self.relay = restored.relay
+        return LoadError(Reason.HEALTH_CHECK_FAILED, f"{failure}; {previous.version} loaded back")
 
     def _end(
         self, job: LoadJob, error: LoadError | None, seconds: float, nbytes: int, verified: bool
@@ -366,6 +435,13 @@ class AgentService:
             bytes_from_peer=loaded if from_peer else self._peer_bytes,
             bytes_from_source=0 if from_peer else loaded,
             fallback_reason=self._fallback,
+            health_check=None
+            if self._check is None
+            else HealthCheckResult(
+                passed=self._check.verdict.passed,
+                message=self._check.verdict.message,
+                seconds=round(self._check.seconds, 3),
+            ),
         )
 
     def _report(

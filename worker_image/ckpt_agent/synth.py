@@ -2,7 +2,8 @@
 
 Used by tests, benches and the demo: `write_reference_checkpoint` writes safetensors shards
 deterministically from a seed; `expected_infer_output` computes with numpy what `/v1/infer`
-returns once a published version is live, so a test can prove which weights serve traffic.
+returns once a published version is live, so a test can prove which weights serve traffic;
+`published_reference` is what a publisher writes into the manifest for the agent's smoke check.
 No paddle import here.
 """
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ckpt_agent.dtypes import numpy_dtype
-from ckpt_agent.manifest import MANIFEST_NAME, parse_manifest
+from ckpt_agent.manifest import MANIFEST_NAME, OutputReference, parse_manifest
 from ckpt_agent.safetensors_format import write_file
 
 
@@ -57,6 +58,33 @@ def reference_params(spec: ReferenceModelSpec, seed: int) -> dict[str, np.ndarra
     return params
 
 
+def checkpoint_params(
+    spec: ReferenceModelSpec, seed: int, poison: str | None = None
+) -> dict[str, np.ndarray]:
+    """The weights of the checkpoint for `seed`; `poison` names a tensor whose middle element is
+    NaN, as a diverged training step leaves it (its checksums are as valid as any)."""
+    params = reference_params(spec, seed)
+    if poison is not None:
+        params[poison].flat[params[poison].size // 2] = np.nan
+    return params
+
+
+# Outputs of paddle's float32 forward pass stay within ~1e-5 of numpy's float64 one here; a wrong
+# export is off by tenths. Loose enough for GPU kernels (TF32) too.
+REFERENCE_ATOL = 1e-2
+
+
+def published_reference(
+    spec: ReferenceModelSpec, seed: int, *, poison: str | None = None, atol: float = REFERENCE_ATOL
+) -> OutputReference | None:
+    """The manifest's `reference` for the checkpoint of `seed`: its forward pass on the fixed
+    input. None when that is not finite (a NaN checkpoint has no reference to publish)."""
+    outputs = reference_forward(spec, checkpoint_params(spec, seed, poison))
+    if not all(np.isfinite(outputs)):
+        return None
+    return OutputReference(tuple(outputs), atol)
+
+
 def reference_forward(spec: ReferenceModelSpec, params: dict[str, np.ndarray]) -> list[float]:
     x = reference_input(spec.hidden).astype(np.float64)
     for i in range(spec.layers):
@@ -74,13 +102,15 @@ def write_reference_checkpoint(
     layers: int = 2,
     outputs: int = 8,
     shards: int = 1,
+    poison: str | None = None,
 ) -> ReferenceModelSpec:
     """Write the reference model's weights for `seed` as `shards` safetensors files. The shape
-    comes from `spec` when given, else from `hidden`/`layers`/`outputs`."""
+    comes from `spec` when given, else from `hidden`/`layers`/`outputs`; `poison`: see
+    `checkpoint_params`."""
     spec = spec or ReferenceModelSpec(hidden=hidden, layers=layers, outputs=outputs)
     out_dir = Path(directory)
     out_dir.mkdir(parents=True, exist_ok=True)
-    items = list(reference_params(spec, seed).items())
+    items = list(checkpoint_params(spec, seed, poison).items())
     per_shard = -(-len(items) // shards)
     for index in range(shards):
         chunk = items[index * per_shard : (index + 1) * per_shard]

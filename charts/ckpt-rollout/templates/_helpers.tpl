@@ -74,6 +74,11 @@ ClusterRole (all namespaces) and the per-namespace Roles (watchNamespaces).
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]
+# spec.versionFrom: the operator lists and watches only the ConfigMaps rollouts name (by a
+# field selector on the name), and never writes one. A namespaced name cannot be granted ahead.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "watch"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]

@@ -2,7 +2,9 @@
 transfer engine over TCP) transports, with and without verification, against limits measured
 in the same run (memcpy, raw loopback TCP, one core's xxh3-128 rate), plus
 peak extra memory of a streamed load and the rate of `publish --link` (which costs hashing only,
-so its limit is the hash rate). A benchmark, not a test: it prints figures and ratios.
+so its limit is the hash rate), and the cost of the load-time finite check (`checks.finite`):
+its own rate over the bench's tensors as BF16 and F32, and what it adds to a verified load.
+A benchmark, not a test: it prints figures and ratios.
 
 Loads run the agent's own pipeline (`InProcessLoader`, streamed mode: manifest, compatibility
 check, chunked reads into one reusable buffer, xxh3-128) into a target that discards the bytes,
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import re
@@ -33,6 +36,7 @@ import xxhash
 
 from ckpt_agent.compat import ParamSpec
 from ckpt_agent.engines.base import LoadJob
+from ckpt_agent.finite import FiniteScan
 from ckpt_agent.loader import ApplyFn, InProcessLoader
 from ckpt_agent.manifest import MANIFEST_NAME, TensorEntry, parse_manifest
 from ckpt_agent.pause_gate import PauseGate
@@ -148,6 +152,18 @@ def measure_tcp(nbytes: int, chunk: int, repeat: int) -> float:
     return _best_gbps(nbytes, repeat, once)
 
 
+# FINITE_CHECK_DTYPES: the bench's tensors are scanned as each of these.
+FINITE_CHECK_DTYPES = ("BF16", "F32")
+
+
+def finite_random_bytes(rng: np.random.Generator, nbytes: int) -> memoryview:
+    """Random bytes with bit 6 of every byte clear: no exponent is all ones, so they are finite
+    read as any float dtype (F32, BF16, F16, FP8), and a finite-checked load passes."""
+    data = rng.integers(0, 256, nbytes, dtype=np.uint8)
+    np.bitwise_and(data, 0xBF, out=data)
+    return memoryview(data.data)
+
+
 def write_bench_checkpoint(directory: Path, nbytes: int, tensor_bytes: int, shards: int = 2) -> None:
     directory.mkdir(parents=True)
     rng = np.random.default_rng(0)
@@ -156,7 +172,12 @@ def write_bench_checkpoint(directory: Path, nbytes: int, tensor_bytes: int, shar
     for shard in range(shards):
         names = range(shard * per_shard, min(count, (shard + 1) * per_shard))
         tensors = [
-            (f"t{i:05d}", "F32", (tensor_bytes // 4,), memoryview(rng.bytes(tensor_bytes - tensor_bytes % 4)))
+            (
+                f"t{i:05d}",
+                "F32",
+                (tensor_bytes // 4,),
+                finite_random_bytes(rng, tensor_bytes - tensor_bytes % 4),
+            )
             for i in names
         ]
         if tensors:
@@ -189,25 +210,58 @@ class _NoEngine:
         return False
 
 
+def measure_finite_check(root: Path, nbytes: int, chunk: int, repeat: int) -> dict[str, float]:
+    """Best GB/s of the finite check alone over the version's tensor bytes (up to `nbytes` of
+    them, in memory), fed in `chunk` pieces as a load feeds it, read as each of
+    FINITE_CHECK_DTYPES."""
+    manifest = parse_manifest((root / VERSION / MANIFEST_NAME).read_bytes())
+    pieces: list[memoryview] = []
+    held = 0
+    for entry in manifest.tensors:
+        if held >= nbytes:
+            break
+        with (root / VERSION / entry.file).open("rb") as f:
+            f.seek(entry.offset)
+            data = memoryview(f.read(min(entry.nbytes, nbytes - held)))
+        pieces.extend(data[pos : pos + chunk] for pos in range(0, data.nbytes, chunk))
+        held += data.nbytes
+
+    def scan(dtype: str) -> None:
+        check = FiniteScan(dtype)
+        for piece in pieces:
+            check.update(piece)
+        if check.found is not None:
+            raise RuntimeError(f"bench tensors are not finite as {dtype}: {check.found.describe()}")
+
+    return {dtype: _best_gbps(held, repeat, functools.partial(scan, dtype)) for dtype in FINITE_CHECK_DTYPES}
+
+
+# (verify, check_finite) of each measured load.
+_LOAD_VARIANTS = ((False, False), (True, False), (True, True))
+
+
 def measure_load(
     uri: str, target: DiscardTarget, nbytes: int, *, chunk: int, repeat: int
-) -> tuple[float, float, int]:
-    """Best GB/s of a streamed load without and with verification, and the peak extra RSS.
+) -> tuple[float, float, float, int]:
+    """Best GB/s of a streamed load without verification, with it, and with it and the finite
+    check; and the peak extra RSS.
 
-    The two variants alternate run by run, so a noisy stretch (shared CPUs) hits both alike
-    instead of biasing the verify cost."""
+    The variants alternate run by run, so a noisy stretch (shared CPUs) hits all alike instead
+    of biasing the cost of verifying or checking."""
     loader = InProcessLoader(target, apply_mode="streamed", chunk_bytes=chunk)
-    best = {False: float("inf"), True: float("inf")}
+    best = dict.fromkeys(_LOAD_VARIANTS, float("inf"))
     peak = 0
     for _ in range(repeat):
-        for verify in (False, True):
-            job = LoadJob(VERSION, verify, uri, None, None)
+        for variant in _LOAD_VARIANTS:
+            verify, check_finite = variant
+            job = LoadJob(VERSION, verify, uri, None, None, check_finite=check_finite)
             with RssSampler() as rss:
                 started = time.perf_counter()
                 asyncio.run(loader.load(job, PauseGate(_NoEngine()), LoadProgress()))
-                best[verify] = min(best[verify], time.perf_counter() - started)
+                best[variant] = min(best[variant], time.perf_counter() - started)
             peak = max(peak, rss.extra_bytes)
-    return nbytes / best[False] / GB, nbytes / best[True] / GB, peak
+    plain, verified, checked = (nbytes / best[v] / GB for v in _LOAD_VARIANTS)
+    return plain, verified, checked, peak
 
 
 @contextmanager
@@ -266,6 +320,8 @@ def run_dataplane(
         write_bench_checkpoint(Path(tmp) / "src", size_mb * MiB, tensor_mb * MiB)
         publish_version(Path(tmp) / "src", VERSION, root)
         results["publish_gbps"] = measure_publish(Path(tmp) / "src", root, repeat)
+        log("measuring the finite check ...")
+        results["finite_check_gbps"] = measure_finite_check(root, min(size_mb, 256) * MiB, chunk, repeat)
         shutil.rmtree(Path(tmp) / "src")
         manifest = parse_manifest((root / VERSION / MANIFEST_NAME).read_bytes())
         target = DiscardTarget({t.name: t for t in manifest.tensors})
@@ -275,8 +331,9 @@ def run_dataplane(
         def measure(name: str, uri: str) -> None:
             nonlocal peak
             log(f"loading over {name} ...")
-            plain, verified, extra = measure_load(uri, target, nbytes, chunk=chunk, repeat=repeat)
+            plain, verified, checked, extra = measure_load(uri, target, nbytes, chunk=chunk, repeat=repeat)
             results[f"{name}_gbps"], results[f"{name}_verify_gbps"] = plain, verified
+            results[f"{name}_verify_finite_gbps"] = checked
             peak = max(peak, extra)
 
         measure("file", f"file://{root}")
@@ -289,6 +346,7 @@ def run_dataplane(
         except RuntimeError as exc:
             log(f"skipping mooncake: {exc}")
             results["mooncake_gbps"] = results["mooncake_verify_gbps"] = None
+            results["mooncake_verify_finite_gbps"] = None
         else:
             with source_server(root, "--mooncake", "tcp") as url:
                 measure("mooncake", url.replace("http://", "mooncake://"))
@@ -301,6 +359,12 @@ def run_dataplane(
         "file_verify_cost": 1 - results["file_verify_gbps"] / results["file_gbps"],
         "http_verify_cost": 1 - results["http_verify_gbps"] / results["http_gbps"],
         "publish_over_xxh3": results["publish_gbps"] / results["xxh3_gbps"],
+        # The check's own time over the verified load's time, for the same bytes (its slowest
+        # dtype); and what it adds to the load when it runs inside it (overlapping the reads).
+        "finite_check_over_file_load": results["file_verify_gbps"]
+        / min(results["finite_check_gbps"].values()),
+        "file_finite_cost": 1 - results["file_verify_finite_gbps"] / results["file_verify_gbps"],
+        "http_finite_cost": 1 - results["http_verify_finite_gbps"] / results["http_verify_gbps"],
     }
     r = results["ratios"]
     if results["mooncake_verify_gbps"] is not None:
@@ -312,6 +376,7 @@ def run_dataplane(
         "verify_cost_le_10pct": max(r["file_verify_cost"], r["http_verify_cost"]) <= 0.10,
         "rss_within_budget": results["peak_extra_rss_mb"] <= results["rss_budget_mb"],
         "publish_ge_0_8_xxh3": r["publish_over_xxh3"] >= 0.8,
+        "finite_cost_le_10pct": max(r["file_finite_cost"], r["http_finite_cost"]) <= 0.10,
     }
     return results
 
@@ -346,6 +411,13 @@ def format_report(r: dict[str, Any]) -> str:
             f"  publish --link    {r['publish_gbps']:7.2f} GB/s",
             f"  [{mark(met['publish_ge_0_8_xxh3'])}] publish / xxh3    "
             f"{ratios['publish_over_xxh3']:.2f}  (target >= 0.8)",
+            "  finite check      "
+            + ", ".join(f"{dtype} {gbps:.2f} GB/s" for dtype, gbps in r["finite_check_gbps"].items())
+            + f"  ({ratios['finite_check_over_file_load']:.1%} of a verified file load's time alone)",
+            f"  file load verify+finite {r['file_verify_finite_gbps']:7.2f} GB/s   "
+            f"http {r['http_verify_finite_gbps']:7.2f} GB/s",
+            f"  [{mark(met['finite_cost_le_10pct'])}] finite check cost "
+            f"file {ratios['file_finite_cost']:.1%}, http {ratios['http_finite_cost']:.1%}  (target <= 10%)",
         ]
     )
 

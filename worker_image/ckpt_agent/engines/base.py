@@ -9,8 +9,11 @@ from typing import Any, Protocol
 from ckpt_agent.load_job import LiveWeights as LiveWeights
 from ckpt_agent.load_job import LoadJob as LoadJob
 from ckpt_agent.load_job import LoadOutcome as LoadOutcome
+from ckpt_agent.manifest import OutputReference
 from ckpt_agent.pause_gate import EngineControl, PauseGate
 from ckpt_agent.reader import LoadProgress
+from ckpt_agent.smoke import Verdict
+from ckpt_api.agent_api import HealthCheckRequest
 
 
 class EngineUnavailable(Exception):
@@ -34,6 +37,12 @@ class Engine(EngineControl, Protocol):
 
     async def infer(self) -> list[float]:
         """Outputs for the engine's deterministic input (reference engine only)."""
+        ...
+
+    async def smoke(self, check: HealthCheckRequest, reference: OutputReference | None) -> Verdict:
+        """Probe the weights just loaded (engine resumed, pod not Ready yet): a forward pass, or
+        a short generation of `check.prompt`; `reference`: the version manifest's. The caller
+        bounds it by `check.timeout_seconds`; a LoadError counts as a failed check."""
         ...
 
     def describe(self) -> dict[str, Any]: ...

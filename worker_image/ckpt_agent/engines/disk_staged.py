@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import secrets
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,14 +31,16 @@ import aiohttp
 
 from ckpt_agent.engines.base import LoadJob, LoadOutcome
 from ckpt_agent.errors import LoadError, Reason
-from ckpt_agent.manifest import DEFAULT_MAX_MANIFEST_BYTES, Manifest
+from ckpt_agent.manifest import DEFAULT_MAX_MANIFEST_BYTES, Manifest, OutputReference
 from ckpt_agent.pause_gate import LOAD, WEIGHTS_LOST, PauseGate
 from ckpt_agent.reader import DEFAULT_CHUNK_BYTES, LoadProgress, read_extra_files
 from ckpt_agent.relay.copy import RelayCopy
 from ckpt_agent.relay.load import open_version, pull_into
 from ckpt_agent.relay.peer import is_peer_fault
-from ckpt_agent.staging_dir import StagedDirectory
+from ckpt_agent.smoke import CALL_GRACE_S, Verdict, check_generation, completion_choice
+from ckpt_agent.staging_dir import StagedDirectory, sweep_orphans
 from ckpt_agent.transport import Transport
+from ckpt_api.agent_api import HealthCheckRequest
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +147,19 @@ def _decode(text: str, *, strict: bool) -> Any:
         return text
 
 
+async def completion(
+    http: EngineHttp, check: HealthCheckRequest, token: str | None = None
+) -> tuple[object, object]:
+    """(text, finish reason) of a greedy OpenAI-compatible `/v1/completions` call, for the
+    server's served model (vLLM's request leaves `model` optional). `token`: the server's
+    --api-key, which guards /v1 routes."""
+    body = {"prompt": check.prompt, "max_tokens": check.max_tokens, "temperature": 0}
+    _, reply = await http.call(
+        "POST", "/v1/completions", body, limit_s=check.timeout_seconds + CALL_GRACE_S, token=token
+    )
+    return completion_choice(reply)
+
+
 def reloadable_boot_path(path: object) -> str | None:
     """Why the engine's boot weights at `path` cannot be reloaded, or None if they can: only a
     local directory is. A hub id would be fetched again mid-incident, maybe at another revision."""
@@ -208,8 +224,15 @@ class DiskStagedEngine:
     async def pause(self) -> None:
         raise NotImplementedError
 
+    async def generate(self, check: HealthCheckRequest) -> tuple[object, object]:
+        """(text, finish reason) of a short generation of `check.prompt` through the engine's
+        own generation endpoint; LoadError if it does not answer one."""
+        raise NotImplementedError
+
     # -- Engine ------------------------------------------------------------------------------
     async def start(self) -> None:
+        for orphan in sweep_orphans(self.staging_root):
+            log.info("removed %s, left by a load that never finished", orphan)
         await self._http.start()
         try:
             await self._ensure_probed(self._probe_timeout)
@@ -229,6 +252,11 @@ class DiskStagedEngine:
 
     async def infer(self) -> list[float]:
         raise NotImplementedError(f"{self.name} serves its own API")
+
+    async def smoke(self, check: HealthCheckRequest, reference: OutputReference | None) -> Verdict:
+        started = time.monotonic()
+        text, finish_reason = await self.generate(check)
+        return check_generation(text, finish_reason, time.monotonic() - started)
 
     async def load(self, job: LoadJob, gate: PauseGate, progress: LoadProgress) -> LoadOutcome:
         try:

@@ -28,7 +28,9 @@ fetched first, so an unknown version or a digest mismatch is refused before the 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import time
 from contextlib import suppress
 from typing import Any
 
@@ -37,11 +39,12 @@ from pydantic import ValidationError
 
 from ckpt_agent.engines.base import LoadJob, LoadOutcome
 from ckpt_agent.errors import LoadError, Reason
-from ckpt_agent.manifest import DEFAULT_MAX_MANIFEST_BYTES
+from ckpt_agent.manifest import DEFAULT_MAX_MANIFEST_BYTES, OutputReference
 from ckpt_agent.pause_gate import LOAD, WEIGHTS_LOST, PauseGate
 from ckpt_agent.reader import LoadProgress, fetch_manifest
+from ckpt_agent.smoke import CALL_GRACE_S, Verdict, check_generation, completion_choice, failed
 from ckpt_agent.transport import open_transport
-from ckpt_api.agent_api import PauseReply, PauseState, RankResult, UpdateWeightsReply
+from ckpt_api.agent_api import HealthCheckRequest, PauseReply, PauseState, RankResult, UpdateWeightsReply
 
 log = logging.getLogger(__name__)
 
@@ -231,6 +234,13 @@ class FastDeployEngine:
         )
 
     async def load(self, job: LoadJob, gate: PauseGate, progress: LoadProgress) -> LoadOutcome:
+        if job.check_finite:
+            # Refused, not skipped: a gate the user asked for must not pass by doing nothing.
+            raise LoadError(
+                Reason.ENGINE_ERROR,
+                "checks.finite cannot run with the fastdeploy engine: FastDeploy pulls the weights "
+                "itself and the agent never sees their bytes; unset spec.checks.finite for this fleet",
+            )
         digest: str | None = None
         nbytes = 0
         if job.source_uri is not None:
@@ -278,6 +288,30 @@ class FastDeployEngine:
 
     async def infer(self) -> list[float]:
         raise NotImplementedError("FastDeploy serves its own OpenAI-compatible API")
+
+    async def smoke(self, check: HealthCheckRequest, reference: OutputReference | None) -> Verdict:
+        """A greedy generation through FastDeploy's OpenAI-compatible /v1/completions (same
+        server as the control routes; its CompletionRequest defaults `model`)."""
+        assert self._session is not None, "engine not started"
+        body = {"prompt": check.prompt, "max_tokens": check.max_tokens, "temperature": 0}
+        started = time.monotonic()
+        try:
+            async with self._session.post(
+                self.base_url + "/v1/completions",
+                json=body,
+                timeout=aiohttp.ClientTimeout(total=check.timeout_seconds + CALL_GRACE_S),
+            ) as resp:
+                status, text = resp.status, await resp.text()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return failed(f"FastDeploy /v1/completions failed: {exc!r}")
+        seconds = time.monotonic() - started
+        if status != 200:
+            return failed(f"FastDeploy /v1/completions answered HTTP {status}: {text[:300]}")
+        try:
+            reply = json.loads(text)
+        except ValueError:
+            return failed(f"FastDeploy /v1/completions answered non-JSON: {text[:300]!r}")
+        return check_generation(*completion_choice(reply), seconds)
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "url": self.base_url, "api_key": self._api_key is not None}

@@ -12,8 +12,11 @@ import asyncio
 from typing import Any
 
 from ckpt_agent.engines.base import LoadJob, LoadOutcome
+from ckpt_agent.manifest import OutputReference
 from ckpt_agent.pause_gate import LOAD, PauseGate
 from ckpt_agent.reader import LoadProgress
+from ckpt_agent.smoke import Verdict, skipped
+from ckpt_api.agent_api import HealthCheckRequest
 
 
 class NullEngine:
@@ -51,6 +54,9 @@ class NullEngine:
 
     async def infer(self) -> list[float]:
         raise NotImplementedError("the null engine holds no model")
+
+    async def smoke(self, check: HealthCheckRequest, reference: OutputReference | None) -> Verdict:
+        return skipped("the null engine holds no model to probe")
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "load_seconds": self.load_seconds, "loads": self.loads}

@@ -30,11 +30,13 @@ from ckpt_agent.engines.paddle_tensors import (
 )
 from ckpt_agent.engines.reference_model import build_model
 from ckpt_agent.loader import ApplyFn, ApplyMode, InProcessLoader
-from ckpt_agent.manifest import TensorEntry
+from ckpt_agent.manifest import OutputReference, TensorEntry
 from ckpt_agent.pause_gate import PauseGate
 from ckpt_agent.reader import LoadProgress
 from ckpt_agent.relay.copy import ReadTensor, RelayGone
+from ckpt_agent.smoke import Verdict, check_outputs, failed, skipped
 from ckpt_agent.synth import ReferenceModelSpec, reference_input
+from ckpt_api.agent_api import HealthCheckRequest
 
 
 class PaddleEngine:
@@ -135,12 +137,14 @@ class PaddleEngine:
     async def load(self, job: LoadJob, gate: PauseGate, progress: LoadProgress) -> LoadOutcome:
         return await self._loader.load(job, gate, progress)
 
-    def _infer(self) -> list[float]:
-        if self._paused:
+    def _infer(self, *, traffic: bool = True) -> list[float]:
+        """`traffic`: a request's forward pass, refused while paused; the smoke check's runs
+        whoever holds the pause (it is not traffic)."""
+        if traffic and self._paused:
             # Fail fast instead of queueing behind a streamed apply that holds the lock.
             raise EngineUnavailable("the engine is paused")
         with self._lock:
-            if self._paused:
+            if traffic and self._paused:
                 raise EngineUnavailable("the engine is paused")
             if not self._consistent:
                 raise EngineUnavailable("the model holds no consistent weights")
@@ -151,6 +155,15 @@ class PaddleEngine:
 
     async def infer(self) -> list[float]:
         return await asyncio.to_thread(self._infer)
+
+    async def smoke(self, check: HealthCheckRequest, reference: OutputReference | None) -> Verdict:
+        if self._model is None:
+            return skipped("a checkpoint-shaped paddle model has no forward pass to probe")
+        try:
+            outputs = await asyncio.to_thread(self._infer, traffic=False)
+        except EngineUnavailable as exc:
+            return failed(str(exc))
+        return check_outputs(outputs, reference)
 
     def describe(self) -> dict[str, Any]:
         model: dict[str, Any]

@@ -6,6 +6,10 @@ it (sglang/srt/entrypoints/http_server.py, managers/io_struct.py, utils/auth.py)
                                     -> 200 {"success": true, "message"} | 400 {"success": false, ...}
     POST /continue_generation       {}
     GET  /model_info                {"model_path", "weight_version", "load_format", ...}
+    POST /generate                  {"text", "sampling_params": {"max_new_tokens", ...}}
+                                    -> {"text", "output_ids", "meta_info": {"finish_reason":
+                                        {"type": "stop" | "length" | "abort", ...}, ...}}
+                                    (the smoke check after a load; schedule_batch.py FINISH_*)
 
 Every route takes a JSON body (an empty one fails validation, answered 400). With `--api-key`
 and/or `--admin-api-key` the server wants `Authorization: Bearer`: the three POST routes take
@@ -41,6 +45,8 @@ from ckpt_agent.engines.disk_staged import (
     reloadable_boot_path,
 )
 from ckpt_agent.errors import LoadError, Reason
+from ckpt_agent.smoke import CALL_GRACE_S
+from ckpt_api.agent_api import HealthCheckRequest
 
 PauseMode = Literal["abort", "retract", "in_place"]
 PAUSE_MODES: tuple[PauseMode, ...] = get_args(PauseMode)
@@ -197,6 +203,21 @@ class SGLangEngine(DiskStagedEngine):
                 Reason.ENGINE_ERROR,
                 f"SGLang reports weight_version {reported!r} from {path!r}, expected {weights}",
             )
+
+    async def generate(self, check: HealthCheckRequest) -> tuple[object, object]:
+        # Greedy, so a good model answers the same way every time.
+        body = {
+            "text": check.prompt,
+            "sampling_params": {"max_new_tokens": check.max_tokens, "temperature": 0},
+        }
+        _, reply = await self._http.call(
+            "POST", "/generate", body, limit_s=check.timeout_seconds + CALL_GRACE_S, token=self._api_key
+        )
+        if not isinstance(reply, dict):
+            return None, None
+        meta = reply.get("meta_info")
+        finish = meta.get("finish_reason") if isinstance(meta, dict) else None
+        return reply.get("text"), finish.get("type") if isinstance(finish, dict) else finish
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "pause_mode": self._pause_mode, "load_format": self.load_format}

@@ -11,6 +11,10 @@ entrypoints/serve/dev/rpc/api_router.py, entrypoints/serve/dev/server_info/api_r
     GET  /weight_info                         {"weight_version"}
     POST /resume, GET /is_paused              {"is_paused": bool}
     GET  /version, GET /server_info?config_format=json   (start-up checks, boot weights)
+    POST /v1/completions  {"prompt", "max_tokens", "temperature"}   the smoke check after a load
+                          -> {"choices": [{"text", "finish_reason", ...}], ...}
+                          (entrypoints/openai/completion/protocol.py; "model" may be left out:
+                          the served model answers)
 
 Without dev mode none of these routes exist (404). They are unauthenticated even when the
 server has `--api-key` (vLLM checks keys only under /v1, /v2, /inference, /cohere): anyone who
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import re
+from pathlib import Path
 from typing import Any
 
 from ckpt_agent.engines.disk_staged import (
@@ -38,9 +43,11 @@ from ckpt_agent.engines.disk_staged import (
     DiskWeights,
     EngineMisconfigured,
     EngineRefused,
+    completion,
     reloadable_boot_path,
 )
 from ckpt_agent.errors import LoadError, Reason
+from ckpt_api.agent_api import HealthCheckRequest
 
 MIN_VERSION = (0, 16, 0)  # GPUModelRunner.reload_weights(weights_path=...)
 DUMMY_FORMAT = "dummy"
@@ -81,6 +88,14 @@ def _error_text(reply: Any) -> str:
 class VLLMEngine(DiskStagedEngine):
     name = "vllm"
     label = "vLLM"
+
+    def __init__(
+        self, base_url: str, staging_root: Path, *, api_key: str | None = None, **kwargs: Any
+    ) -> None:
+        """`api_key`: the server's --api-key, for the smoke check's /v1/completions (the dev-mode
+        routes the load uses are not guarded by it)."""
+        super().__init__(base_url, staging_root, **kwargs)
+        self._api_key = api_key or None
 
     async def pause(self) -> None:
         await self._http.call("POST", "/pause", params=PAUSE_PARAMS, limit_s=self._control_timeout)
@@ -175,6 +190,9 @@ class VLLMEngine(DiskStagedEngine):
         )
         if not isinstance(reply, dict) or reply.get("success") is not True:
             raise LoadError(Reason.ENGINE_ERROR, f"vLLM /update_weight_version returned {reply!r:.300}")
+
+    async def generate(self, check: HealthCheckRequest) -> tuple[object, object]:
+        return await completion(self._http, check, self._api_key)
 
     async def confirm(self, weights: DiskWeights) -> None:
         _, info = await self._http.call("GET", "/weight_info", limit_s=self._control_timeout)

@@ -23,10 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from ckpt_agent.manifest import (
     MANIFEST_NAME,
     ExtraFile,
     Manifest,
+    OutputReference,
     TensorEntry,
     encode_manifest,
     manifest_digest,
@@ -45,6 +48,7 @@ from ckpt_agent.publish.sources import (
     shard_header,
 )
 from ckpt_agent.publish.state_dict import write_state_dict
+from ckpt_api.manifest import ReferenceRecord
 from ckpt_api.versions import validate_version
 
 __all__ = [
@@ -54,6 +58,7 @@ __all__ = [
     "PublishedFile",
     "publish",
     "publish_version",
+    "read_reference",
 ]
 
 DEFAULT_SHARD_BYTES = 4 << 30
@@ -108,9 +113,26 @@ def publish(
     *,
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     link: bool = False,
+    reference: OutputReference | None = None,
 ) -> str:
     """Publish `src` as `version` under `out_root`; returns the manifest digest."""
-    return publish_version(src, version, out_root, shard_bytes=shard_bytes, link=link).digest
+    return publish_version(
+        src, version, out_root, shard_bytes=shard_bytes, link=link, reference=reference
+    ).digest
+
+
+def read_reference(path: Path) -> OutputReference:
+    """A `--reference` file: {outputs, atol} as the manifest's `reference` holds it; PublishError
+    naming what is wrong."""
+    try:
+        record = ReferenceRecord.model_validate_json(path.read_bytes())
+    except OSError as exc:
+        raise PublishError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the file"
+        raise PublishError(f"{path}: not a reference {{outputs, atol}}: {where}: {first['msg']}") from None
+    return OutputReference(tuple(record.outputs), record.atol)
 
 
 def publish_version(
@@ -123,12 +145,14 @@ def publish_version(
     methods: Sequence[str] | None = None,
     threads: int | None = None,
     reporter: Reporter | None = None,
+    reference: OutputReference | None = None,
 ) -> PublishResult:
     """Publish `src` as `version` under `out_root`.
 
     `link` places source files with a hard link where it can (see `placing`); `methods` overrides
-    the order tried (e.g. `("copy",)` to always copy). PublishError for bad input, one line
-    naming the file; nothing is left under `out_root` then.
+    the order tried (e.g. `("copy",)` to always copy). `reference`: the reference model's
+    outputs with these weights, for the manifest (see `ckpt_api.manifest.ReferenceRecord`).
+    PublishError for bad input, one line naming the file; nothing is left under `out_root` then.
     """
     started = time.monotonic()
     report = reporter or Silent()
@@ -157,6 +181,7 @@ def publish_version(
             files={f.name: f.bytes for f in files if f.kind == "shard"},
             tensors=tuple(tensors),
             extra_files=extra_files,
+            reference=reference,
         )
         raw = encode_manifest(manifest)
         (tmp / MANIFEST_NAME).write_bytes(raw)

@@ -63,7 +63,8 @@ def pull_into(
     chunk_bytes: int,
     parallelism: int,
 ) -> None:
-    """Every tensor of `manifest` into `target`'s buffers, verified when the job asks for it."""
+    """Every tensor of `manifest` into `target`'s buffers, verified (and checked finite) when the
+    job asks for it."""
     # Several streams only pay off when there is more than one chunk per stream.
     max_run = max(manifest.total_bytes // max(parallelism, 1), chunk_bytes)
     with registered(transport, job.version, target.regions()):
@@ -78,6 +79,7 @@ def pull_into(
             cancelled=job.cancel.is_set,
             chunk_bytes=chunk_bytes,
             parallelism=parallelism,
+            check_finite=job.check_finite,
         )
 
 

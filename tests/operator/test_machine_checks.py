@@ -1,0 +1,85 @@
+"""decide(), spec.checks: the calls of every wave ask the agents for the finite check when the
+spec does (relayed calls too), and a rollback never does: it returns to weights that served
+already, and no gate may refuse it."""
+
+from __future__ import annotations
+
+from machine_kit import (
+    CANARY,
+    EARLIER,
+    REST,
+    TUNING,
+    Case,
+    called_long_ago,
+    entry,
+    progressing,
+    rollout,
+    table_tests,
+    wave,
+)
+
+from ckpt_api.vocabulary import EventReason, Phase
+from ckpt_rollout.machine import State
+from ckpt_rollout.plan import Plan
+from ckpt_rollout.world import Memory
+
+FINITE = {"checks": {"finite": True}}
+
+
+def asked(plan: Plan) -> list[tuple[str, bool | None, bool]]:
+    """(version, checks.finite (None: no checks sent), relayed) of each call, by pod."""
+    return [
+        (
+            c.request.version,
+            c.request.checks.finite if c.request.checks else None,
+            bool(c.request.source and c.request.source.peer),
+        )
+        for c in sorted(plan.calls, key=lambda c: c.pod)
+    ]
+
+
+def _canary(spec: dict[str, object]) -> Case:
+    checked = spec.get("checks") is not None
+    return Case(
+        f"the-canary-call-{'asks' if checked else 'does-not-ask'}-for-the-finite-check",
+        rollout({"phase": "Progressing", "targetVersion": "v2", "startedAt": EARLIER}, spec=spec),
+        State.ADVANCE,
+        Phase.PROGRESSING,
+        calls=[CANARY],
+        events=[EventReason.WAVE_STARTED],
+        wake=TUNING.pull_after_s,
+        memory=Memory(probed=(CANARY, "v1")),
+        observe=asked,
+        observed=[("v2", True if checked else None, False)],
+    )
+
+
+CASES = [
+    _canary(FINITE),
+    _canary({}),
+    Case(
+        "relayed-calls-of-a-later-wave-ask-for-it-too",
+        rollout(progressing(wave(0, [CANARY]), workers={CANARY: entry("v2", "Updated")}), spec=FINITE),
+        State.ADVANCE,
+        Phase.PROGRESSING,
+        calls=REST,
+        events=[EventReason.WAVE_COMPLETED, EventReason.WAVE_STARTED],
+        wake=TUNING.pull_after_s,
+        observe=asked,
+        observed=[("v2", True, True)] * len(REST),
+    ),
+    Case(
+        "a-rollback-call-never-asks-for-it",
+        rollout(progressing(wave(0, [CANARY])), spec=FINITE),
+        State.ADVANCE,
+        Phase.ROLLING_BACK,
+        calls=[CANARY],
+        events=[EventReason.WORKER_FAILED, EventReason.ROLLBACK_STARTED],
+        wake=TUNING.pull_after_s,
+        memory=called_long_ago(CANARY),
+        observe=asked,
+        observed=[("v1", None, False)],
+    ),
+]
+
+test_decide, test_every_step_comes_to_rest = table_tests(CASES)
