@@ -133,7 +133,16 @@ def operator_token(api: client.ApiClient, namespace: str, account: str = "ckpt-o
 # -- worker fleet ---------------------------------------------------------------------------
 
 
-def worker_deployment(name: str, replicas: int, labels: dict[str, str]) -> dict[str, Any]:
+def worker_deployment(
+    name: str, replicas: int, labels: dict[str, str], service_account: str | None = None
+) -> dict[str, Any]:
+    """``service_account``: what the pods run as (a token bound to a pod is that pod's account's)."""
+    pod_spec: dict[str, Any] = {
+        "containers": [{"name": "worker", "image": "ckpt-rollout-worker:dev"}],
+        "readinessGates": [{"conditionType": WEIGHTS_READY_CONDITION}],
+    }
+    if service_account is not None:
+        pod_spec["serviceAccountName"] = service_account
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -141,13 +150,7 @@ def worker_deployment(name: str, replicas: int, labels: dict[str, str]) -> dict[
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "containers": [{"name": "worker", "image": "ckpt-rollout-worker:dev"}],
-                    "readinessGates": [{"conditionType": WEIGHTS_READY_CONDITION}],
-                },
-            },
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }
 
@@ -188,7 +191,8 @@ AGENT_PROCESS = ProcessLauncher([*CLI, "agent"])
 class AgentOptions:
     source_url: str
     initial_version: str
-    kubeconfig: Path
+    # One for every pod, or each pod's own (a token bound to it, as its kubelet projects one).
+    kubeconfig: Path | Callable[[PodInfo], Path]
     allowed_username: str
     extra_args: list[str] = field(default_factory=list)
     # Runs each pod's agent: a process of the checkout by default, or e.g. the worker image
@@ -197,8 +201,9 @@ class AgentOptions:
 
     def launch(self, pod: PodInfo) -> Launch:
         # What the pod spec's downward API and service account give a real worker container.
+        kubeconfig = self.kubeconfig if isinstance(self.kubeconfig, Path) else self.kubeconfig(pod)
         env = {
-            "KUBECONFIG": str(self.kubeconfig),
+            "KUBECONFIG": str(kubeconfig),
             "POD_NAME": pod.name,
             "POD_NAMESPACE": pod.namespace,
             "POD_IP": pod.ip,
@@ -209,7 +214,7 @@ class AgentOptions:
             pod.ip, self.source_url, self.initial_version, self.allowed_username, self.extra_args
         )
         name = f"agent-{pod.name}-{pod.uid[:8]}"
-        return self.launcher(pod).launch(flags, name, env, kubeconfig_files(self.kubeconfig))
+        return self.launcher(pod).launch(flags, name, env, kubeconfig_files(kubeconfig))
 
 
 @dataclass

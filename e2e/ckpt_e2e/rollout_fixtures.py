@@ -31,7 +31,7 @@ from .rollout_env import (
     serve_checkpoints,
     worker_deployment,
 )
-from .serviceaccounts import OPERATOR_ACCOUNT, ChartAccounts, mint_token
+from .serviceaccounts import OPERATOR_ACCOUNT, WORKER_ACCOUNT, ChartAccounts, mint_token
 from .serviceaccounts import chart_accounts as install_chart_accounts
 
 __all__ = [
@@ -153,11 +153,11 @@ def fleet_factory(
         agent_launcher: Callable[[PodInfo], Launcher] | None = None,
     ) -> Fleet:
         labels = {"app": WORKER_LABEL, "fleet": name}
-        kubectl.apply(worker_deployment(name, replicas, labels))
+        kubectl.apply(worker_deployment(name, replicas, labels, WORKER_ACCOUNT))
         options = AgentOptions(
             source_url=checkpoint_source.url,
             initial_version=initial_version,
-            kubeconfig=chart_accounts.worker_kubeconfig,
+            kubeconfig=chart_accounts.worker_kubeconfig_for,
             allowed_username=operator_identity.username,
             extra_args=[*(extra_args or []), *model_flags(big)],
         )

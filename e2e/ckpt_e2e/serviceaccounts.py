@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from kubernetes import client
 from ckpt_api.vocabulary import INSTANCE_LABEL
 
 from .kubectl import Kubectl
+from .podruntime import PodInfo
 from .procs import wait_for
 from .provision import ProvisionError, resolve
 from .versions import KUBERNETES
@@ -38,7 +39,18 @@ WORKER_ACCOUNT = "ckpt-rollout-worker"
 # shorter grant (an apiserver with --service-account-max-token-expiration) rather than let a
 # test fail with 401 hours in.
 TOKEN_SECONDS = 24 * 3600
-_RBAC_TEMPLATES = ("templates/serviceaccount.yaml", "templates/rbac.yaml", "templates/worker-rbac.yaml")
+_RBAC_TEMPLATES = (
+    "templates/serviceaccount.yaml",
+    "templates/rbac.yaml",
+    "templates/worker-rbac.yaml",
+    "templates/worker-admission.yaml",
+)
+# Cluster-scoped objects of a namespace's release, deleted with it.
+_CLUSTER_KINDS = (
+    "clusterrole,clusterrolebinding,"
+    "validatingadmissionpolicy.admissionregistration.k8s.io,"
+    "validatingadmissionpolicybinding.admissionregistration.k8s.io"
+)
 _BINDINGS = ("RoleBinding", "ClusterRoleBinding")
 
 
@@ -81,10 +93,11 @@ def apply_worker_rbac(kubectl: Kubectl) -> str:
 
 
 def delete_worker_rbac(kubectl: Kubectl, release: str) -> None:
-    """Namespaced objects go with the namespace; the TokenReview binding is cluster-wide."""
+    """Namespaced objects go with the namespace; the TokenReview binding and the worker
+    admission policies are cluster-wide."""
     kubectl.run(
         "delete",
-        "clusterrole,clusterrolebinding",
+        _CLUSTER_KINDS,
         "-l",
         f"{INSTANCE_LABEL}={release}",
         "--ignore-not-found",
@@ -102,10 +115,18 @@ def mint_token(
     account: str,
     audiences: Sequence[str] = (),
     seconds: int = TOKEN_SECONDS,
+    pod: tuple[str, str] | None = None,
 ) -> str:
-    """A TokenRequest token of ``account``; no audiences means the apiserver's own."""
+    """A TokenRequest token of ``account``; no audiences means the apiserver's own. ``pod``:
+    (name, uid) of the pod it is bound to, as a kubelet's projected token is (the apiserver then
+    names that pod in the caller's user info, which the worker admission policies check)."""
+    bound = None
+    if pod is not None:
+        bound = client.V1BoundObjectReference(api_version="v1", kind="Pod", name=pod[0], uid=pod[1])
     request = client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=list(audiences), expiration_seconds=seconds)
+        spec=client.V1TokenRequestSpec(
+            audiences=list(audiences), expiration_seconds=seconds, bound_object_ref=bound
+        )
     )
     status = client.CoreV1Api(api).create_namespaced_service_account_token(account, namespace, request).status
     granted = status.expiration_timestamp - datetime.now(UTC)
@@ -193,12 +214,23 @@ def wait_granted(api: client.ApiClient, objects: Sequence[dict[str, Any]], timeo
 
 @dataclass(frozen=True)
 class ChartAccounts:
-    """The chart's operator and worker ServiceAccounts in one namespace, and a kubeconfig of each."""
+    """The chart's operator and worker ServiceAccounts in one namespace, and a kubeconfig of each:
+    `worker_kubeconfig` holds a token bound to no pod (what the admission policies refuse for
+    status writes); an agent runs with `worker_kubeconfig_for(its pod)`."""
 
     namespace: str
     release: str
     operator_kubeconfig: Path
     worker_kubeconfig: Path
+    api: client.ApiClient = field(repr=False, compare=False)
+    admin_kubeconfig: Path = field(repr=False)
+    workdir: Path = field(repr=False)
+
+    def worker_kubeconfig_for(self, pod: PodInfo) -> Path:
+        """A kubeconfig whose token is bound to ``pod``, as its kubelet would project it."""
+        token = mint_token(self.api, self.namespace, WORKER_ACCOUNT, pod=(pod.name, pod.uid))
+        path = self.workdir / f"{WORKER_ACCOUNT}-{pod.name}-{pod.uid[:8]}.kubeconfig"
+        return token_kubeconfig(self.admin_kubeconfig, token, self.worker_username, path)
 
     @property
     def operator_username(self) -> str:
@@ -242,6 +274,14 @@ def chart_accounts(
             user = service_account_username(namespace, account)
             return token_kubeconfig(admin_kubeconfig, token, user, workdir / f"{account}.kubeconfig")
 
-        yield ChartAccounts(namespace, release, kubeconfig(OPERATOR_ACCOUNT), kubeconfig(WORKER_ACCOUNT))
+        yield ChartAccounts(
+            namespace,
+            release,
+            kubeconfig(OPERATOR_ACCOUNT),
+            kubeconfig(WORKER_ACCOUNT),
+            api,
+            admin_kubeconfig,
+            workdir,
+        )
     finally:
         delete_worker_rbac(kubectl, release)

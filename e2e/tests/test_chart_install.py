@@ -293,7 +293,11 @@ def test_helm_rbac_for_watched_namespaces_leases_and_workers(
             "--set", "leaderElection.enabled=true",
             "--set", "workerRbac.enabled=true",
             "--set", f"workerRbac.namespaces={{{workers}}}",
+            # Accepted by the apiserver (no CNI here enforces it): the objects are valid.
+            "--set", "workerRbac.networkPolicy.enabled=true",
         )  # fmt: skip
+        policy = json.loads(kube.run("get", "networkpolicy", "-n", workers, "-o", "json").stdout)["items"]
+        assert [p["metadata"]["name"] for p in policy] == [f"{release}-ckpt-rollout-worker-agent"]
         pod = _wait_operator_pod_running(kube, namespace, release)
         assert f"--namespace={workers}" in pod["spec"]["containers"][0]["args"]
 

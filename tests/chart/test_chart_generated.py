@@ -92,6 +92,7 @@ def _objects(node: Any, path: str = "$") -> list[tuple[str, dict[str, Any]]]:
 OPEN_OBJECTS = {
     "affinity": True,  # core/v1 Affinity
     "tolerations.items": True,  # core/v1 Toleration
+    "workerRbac.networkPolicy.metricsFrom.items": True,  # networking/v1 NetworkPolicyPeer
 }
 
 

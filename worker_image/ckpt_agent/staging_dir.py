@@ -18,11 +18,13 @@ shard or tensor the directory lacks, or whose config does not parse, is refused 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import mmap
 import os
 import secrets
 import shutil
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -107,6 +109,39 @@ def model_directory_problems(directory: Path) -> list[str]:
     return problems
 
 
+# Hidden names of a staging in progress and of a live copy moved aside for a reload
+# (engines.disk_staged): both are renamed or removed by the load that made them.
+_ORPHAN_PATTERNS = (".*.partial-*", ".*.restore-*")
+
+
+def sweep_orphans(root: Path) -> list[Path]:
+    """Remove what a load killed mid-way (the agent, its pod or the node died) left in `root`:
+    at start no load is running, so every such directory is an orphan. Returns what it removed."""
+    if not root.is_dir():
+        return []
+    swept = sorted({p for pattern in _ORPHAN_PATTERNS for p in root.glob(pattern) if p.is_dir()})
+    for path in swept:
+        shutil.rmtree(path, ignore_errors=True)
+    return swept
+
+
+def _staging_full(root: Path, version: str, needed: int, exc: OSError | None = None) -> LoadError:
+    free = shutil.disk_usage(root).free
+    why = f" ({exc.strerror})" if exc is not None else ""
+    return LoadError(
+        Reason.STAGING_FULL,
+        f"staging {version} needs {needed} bytes under {root}, which has {free} bytes free{why}",
+    )
+
+
+def _reserve(f: typing.BinaryIO, size: int) -> None:
+    """Allocate the file's blocks now: a sparse file would fail only when a mapped write finds
+    the disk full, as a SIGBUS that kills the agent."""
+    f.truncate(size)
+    if size:
+        os.posix_fallocate(f.fileno(), 0, size)
+
+
 class StagedDirectory:
     def __init__(
         self, root: Path, manifest: Manifest, extra_files: Mapping[str, bytes] | None = None
@@ -123,8 +158,12 @@ class StagedDirectory:
         self._arrays: list[np.ndarray] = []
         self._maps: list[mmap.mmap] = []
         self._where: dict[str, tuple[int, int]] = {}  # tensor -> (map index, offset)
+        extra = dict(extra_files or {})
+        needed = manifest.total_bytes + sum(len(c) for c in extra.values())
         try:
-            for name, content in (extra_files or {}).items():
+            if shutil.disk_usage(root).free < needed:
+                raise _staging_full(root, manifest.version, needed)
+            for name, content in extra.items():
                 (self.path / name).write_bytes(content)
             for file, entries in manifest.by_file.items():
                 header, relative = encode_header(
@@ -133,7 +172,12 @@ class StagedDirectory:
                 offsets = {e.name: len(header) + off for e, off in zip(entries, relative, strict=True)}
                 size = len(header) + sum(e.nbytes for e in entries)
                 with (self.path / file).open("w+b") as f:
-                    f.truncate(size)
+                    try:
+                        _reserve(f, size)
+                    except OSError as exc:
+                        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                            raise
+                        raise _staging_full(root, manifest.version, needed, exc) from None
                     f.write(header)
                     f.flush()
                     mapped = mmap.mmap(f.fileno(), size) if size else None

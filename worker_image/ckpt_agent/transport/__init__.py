@@ -7,6 +7,7 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from ckpt_agent.transport.base import ByteStream, RegistersBuffers, Transport
+from ckpt_agent.transport.guard import SOURCE_POLICY, check_source
 
 TransportFactory = Callable[[str], Transport]
 
@@ -32,13 +33,16 @@ def check_uri(uri: str) -> None:
 
 
 def open_transport(uri: str) -> Transport:
+    """A transport for the source ``uri``; raises LoadError(InvalidSource) if the agent's source
+    policy (`guard.SOURCE_POLICY`) refuses it."""
+    check_source(uri)
     return _FACTORIES[urlsplit(uri).scheme](uri)
 
 
 def _http(uri: str) -> Transport:
     from ckpt_agent.transport.http import HttpTransport
 
-    return HttpTransport(uri)
+    return HttpTransport(uri, policy=SOURCE_POLICY.get())
 
 
 def _file(uri: str) -> Transport:
@@ -52,7 +56,7 @@ def _mooncake(uri: str) -> Transport:
     from ckpt_agent.transport.mooncake import MooncakeTransport
 
     try:
-        return MooncakeTransport(uri)
+        return MooncakeTransport(uri, policy=SOURCE_POLICY.get())
     except MooncakeUnavailable as exc:
         # ValueError: requests naming a mooncake source are refused up front, with the reason.
         raise ValueError(str(exc)) from None

@@ -15,6 +15,8 @@ from urllib.parse import quote, urlsplit
 from ckpt_agent.errors import LoadError, Reason
 from ckpt_agent.manifest import MANIFEST_NAME
 from ckpt_agent.transport.base import ByteStream, EmptyStream
+from ckpt_agent.transport.guard import guard
+from ckpt_api.source_policy import SourcePolicy
 
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 
@@ -43,7 +45,15 @@ class _HttpStream:
 
 
 class HttpTransport:
-    def __init__(self, uri: str, *, timeout: float = 30.0, bearer: str | None = None) -> None:
+    def __init__(
+        self,
+        uri: str,
+        *,
+        timeout: float = 30.0,
+        bearer: str | None = None,
+        policy: SourcePolicy | None = None,
+    ) -> None:
+        """`policy`: for a source, the addresses it may connect to (a peer's has none)."""
         parts = urlsplit(uri)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URI: {uri!r}")
@@ -55,12 +65,15 @@ class HttpTransport:
         self._timeout = timeout
         # Peer agents authenticate relay reads with the update request's own bearer token.
         self._auth = {"Authorization": f"Bearer {bearer}"} if bearer else {}
+        self._policy = policy
 
     def _request(
         self, path: str, headers: dict[str, str]
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
         conn = cls(self._host, self._port, timeout=self._timeout)
+        if self._policy is not None:
+            guard(conn, self.uri, self._policy)
         try:
             conn.request("GET", self._base + path, headers={**self._auth, **headers})
             return conn, conn.getresponse()

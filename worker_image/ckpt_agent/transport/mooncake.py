@@ -26,7 +26,9 @@ from ckpt_agent.manifest import DEFAULT_MAX_MANIFEST_BYTES
 from ckpt_agent.mooncake import runtime
 from ckpt_agent.mooncake.descriptor import Descriptor, ExportedFile, InvalidDescriptor, parse_descriptor
 from ckpt_agent.transport.base import ByteStream, EmptyStream
+from ckpt_agent.transport.guard import guard
 from ckpt_agent.transport.http import HttpTransport
+from ckpt_api.source_policy import SourcePolicy
 
 DESCRIPTOR_PATH = "/v1/mooncake"
 _BOUNCE_BYTES = 4 << 20
@@ -120,10 +122,16 @@ class _MooncakeStream:
 
 class MooncakeTransport:
     def __init__(
-        self, uri: str, *, bearer: str | None = None, timeout: float = 30.0, files_path: str = ""
+        self,
+        uri: str,
+        *,
+        bearer: str | None = None,
+        timeout: float = 30.0,
+        files_path: str = "",
+        policy: SourcePolicy | None = None,
     ) -> None:
         """`files_path`: where the endpoint serves a version's files over HTTP ("" for a
-        source, the relay prefix for a peer agent)."""
+        source, the relay prefix for a peer agent). `policy`: a source's (a peer's has none)."""
         parts = urlsplit(uri)
         if parts.scheme != "mooncake" or not parts.hostname or parts.port is None:
             raise ValueError(f"not a mooncake://host:port URI: {uri!r}")
@@ -132,7 +140,10 @@ class MooncakeTransport:
         self._host = parts.hostname
         self._port = parts.port
         host = f"[{self._host}]" if ":" in self._host else self._host
-        self._files = HttpTransport(f"http://{host}:{self._port}{files_path}", timeout=timeout, bearer=bearer)
+        self._files = HttpTransport(
+            f"http://{host}:{self._port}{files_path}", timeout=timeout, bearer=bearer, policy=policy
+        )
+        self._policy = policy
         self._headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
         self._timeout = timeout
         self._descriptors: dict[str, Descriptor] = {}
@@ -143,6 +154,8 @@ class MooncakeTransport:
         if cached is not None:
             return cached
         conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
+        if self._policy is not None:
+            guard(conn, self.uri, self._policy)
         try:
             conn.request("GET", f"{DESCRIPTOR_PATH}/{quote(version)}", headers=self._headers)
             resp = conn.getresponse()
@@ -153,13 +166,10 @@ class MooncakeTransport:
         finally:
             conn.close()
         if resp.status == 404:
-            raise LoadError(
-                Reason.VERSION_NOT_FOUND, f"version {version} not found at {self.uri}: {body[:300]!r}"
-            )
+            # The body is not echoed: a source may be any host, and its replies are not ours to show.
+            raise LoadError(Reason.VERSION_NOT_FOUND, f"version {version} not found at {self.uri}")
         if resp.status != 200:
-            raise LoadError(
-                Reason.SOURCE_UNREACHABLE, f"{self.uri} answered HTTP {resp.status}: {body[:300]!r}"
-            )
+            raise LoadError(Reason.SOURCE_UNREACHABLE, f"{self.uri} answered HTTP {resp.status}")
         if len(body) > cap:
             raise LoadError(
                 Reason.MANIFEST_TOO_LARGE, f"the mooncake descriptor of {version} exceeds {cap} bytes"

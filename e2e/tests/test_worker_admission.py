@@ -1,0 +1,121 @@
+"""The chart's worker admission policies on the real apiserver: an agent's token is bound to its
+pod, and with it the agent may write only that pod's status and that pod's entry of a rollout's
+status.workers. Every other e2e test runs its agents under these policies too (chart_accounts
+applies them), so a rollout that needs a worker to write more than its own entry fails there."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from ckpt_api.constants import GROUP, PLURAL, VERSION
+from ckpt_e2e.podruntime import PodInfo
+from ckpt_e2e.procs import wait_for
+from ckpt_e2e.rollout_env import Rollouts
+from ckpt_e2e.serviceaccounts import WORKER_ACCOUNT, ChartAccounts
+
+pytestmark = pytest.mark.integration
+
+SPEC = {"version": "v2", "source": {"uri": "http://127.0.0.1:1/"}, "selector": {"matchLabels": {"a": "b"}}}
+
+
+def _entry(version: str) -> dict[str, Any]:
+    return {"version": version, "phase": "Updated", "reason": "Loaded"}
+
+
+@contextmanager
+def _api(kubeconfig: Path) -> Iterator[client.ApiClient]:
+    api: client.ApiClient = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+    with api:
+        yield api
+
+
+def _refusal(call: Callable[[], object]) -> str | None:
+    """The apiserver's message if it refused the call as forbidden, None if it was let through."""
+    try:
+        call()
+    except ApiException as exc:
+        if exc.status != 403:
+            raise
+        return str(exc.body)
+    return None
+
+
+def _pod(api: client.ApiClient, namespace: str, name: str) -> PodInfo:
+    body = client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name, labels={"app": "admission"}),
+        spec=client.V1PodSpec(
+            service_account_name=WORKER_ACCOUNT, containers=[client.V1Container(name="w", image="w")]
+        ),
+    )
+    pod = client.CoreV1Api(api).create_namespaced_pod(namespace, body)
+    return PodInfo(name, namespace, pod.metadata.uid, "", "", {})
+
+
+@pytest.mark.usefixtures("crd_installed")
+def test_a_worker_writes_only_its_own_pod_and_its_own_entry(
+    chart_accounts: ChartAccounts, k8s_api: client.ApiClient, namespace: str
+) -> None:
+    mine, other = _pod(k8s_api, namespace, "worker-a"), _pod(k8s_api, namespace, "worker-b")
+    Rollouts(k8s_api, namespace).create("fleet", SPEC)
+    admin = client.CustomObjectsApi(k8s_api)
+
+    def patch_status(api: client.ApiClient, status: dict[str, Any]) -> Callable[[], object]:
+        return lambda: client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, "fleet", {"status": status}
+        )
+
+    def patch_pod(api: client.ApiClient, pod: PodInfo) -> Callable[[], object]:
+        condition = {"type": "rollout.ckpt.dev/WeightsReady", "status": "True", "reason": "Loaded"}
+        return lambda: client.CoreV1Api(api).patch_namespaced_pod_status(
+            pod.name, namespace, {"status": {"conditions": [condition]}}
+        )
+
+    patch_status(k8s_api, {"phase": "Progressing", "workers": {"worker-b": _entry("v1")}})()
+
+    with (
+        _api(chart_accounts.worker_kubeconfig_for(mine)) as worker,
+        _api(chart_accounts.worker_kubeconfig) as unbound,
+        _api(chart_accounts.operator_kubeconfig) as operator,
+    ):
+        # The apiserver enforces a new policy once its informer has seen it.
+        wait_for(
+            lambda: _refusal(patch_status(worker, {"workers": {"worker-b": _entry("v2")}})) is not None,
+            30,
+            "the worker admission policy to be enforced",
+            interval=0.2,
+        )
+        refused = _refusal(patch_status(worker, {"workers": {"worker-b": _entry("v2")}}))
+        assert refused is not None
+        assert "pod worker-a may write only its own entry of status.workers" in refused
+        removal = _refusal(patch_status(worker, {"workers": {"worker-b": None}}))
+        assert removal is not None
+        assert "only its own entry" in removal
+        phase = _refusal(patch_status(worker, {"phase": "Succeeded", "workers": {"worker-a": _entry("v2")}}))
+        assert phase is not None
+        assert "no other status field" in phase
+        assert _refusal(patch_status(worker, {"workers": {"worker-a": _entry("v2")}})) is None
+
+        other_pod = _refusal(patch_pod(worker, other))
+        assert other_pod is not None
+        assert "pod worker-a may write only its own status, not pod worker-b's" in other_pod
+        assert _refusal(patch_pod(worker, mine)) is None
+
+        # A token bound to no pod (the ServiceAccount's, minted by hand) writes nothing.
+        not_bound = _refusal(patch_status(unbound, {"workers": {"worker-a": _entry("v3")}}))
+        assert not_bound is not None
+        assert "bound to the pod" in not_bound
+        assert _refusal(patch_pod(unbound, mine)) is not None
+
+        # The operator is not a worker: it writes any entry (e.g. WorkerTimeout for a silent pod).
+        assert _refusal(patch_status(operator, {"workers": {"worker-b": _entry("v2")}})) is None
+
+    status = admin.get_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "fleet")["status"]
+    assert status["phase"] == "Progressing"
+    assert status["workers"] == {"worker-a": _entry("v2"), "worker-b": _entry("v2")}
