@@ -2,7 +2,8 @@
 # Provisions the local control plane (`make provision`, which README's `make test` and `make demo`
 # run): makes sure a Go toolchain exists, then builds (or finds cached) the pinned kube-apiserver,
 # controller-manager, scheduler, kubectl, the real node's kubelet and kube-proxy, etcd, kwok,
-# helm, and prometheus + promtool (monitoring tests) under ~/.cache/ckpt-rollout/bin/<version>/.
+# helm, prometheus + promtool (monitoring tests), and e2e/kstatus (Flux's health rules, GitOps
+# tests; keyed by a hash of its source) under ~/.cache/ckpt-rollout/bin/<version>/.
 # A warm cache makes this take a second; a cold build takes ~20-30 min on 2 cores (prometheus
 # and promtool alone ~6 min). Re-runnable;
 # output of the Go build goes to ~/.cache/ckpt-rollout/build/<component>-<version>.log.

@@ -21,8 +21,10 @@
 #             netns, and `ip` to make that netns
 #   browser   chromium: the headless browser e2e/tests/test_dashboard.py drives (playwright,
 #             pointed at /usr/bin/chromium; its own browser downloads are never used)
-#   dev       paddle + mooncake + bench + images + realnode + browser + shellcheck: everything
-#             `make test` needs
+#   gitops    lua5.1: runs the Argo CD health check (examples/gitops/checkpointrollout-health.lua)
+#             in the Lua Argo CD embeds (gopher-lua is Lua 5.1) in e2e/ckpt_e2e/gitops.py's tests
+#   dev       paddle + mooncake + bench + images + realnode + browser + gitops + shellcheck:
+#             everything `make test` needs
 set -euo pipefail
 
 profile_packages() {
@@ -35,12 +37,14 @@ profile_packages() {
       ;;
     realnode) echo "containerd containernetworking-plugins iptables iproute2" ;;
     browser) echo "chromium" ;;
+    gitops) echo "lua5.1" ;;
     dev)
       echo "$(profile_packages paddle) $(profile_packages mooncake) $(profile_packages bench)" \
-        "$(profile_packages images) $(profile_packages realnode) $(profile_packages browser) shellcheck"
+        "$(profile_packages images) $(profile_packages realnode) $(profile_packages browser)" \
+        "$(profile_packages gitops) shellcheck"
       ;;
     *)
-      echo "install-system-deps: unknown profile '$1' (paddle, mooncake, bench, images, realnode, browser, dev)" >&2
+      echo "install-system-deps: unknown profile '$1' (paddle, mooncake, bench, images, realnode, browser, gitops, dev)" >&2
       return 1
       ;;
   esac

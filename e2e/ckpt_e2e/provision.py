@@ -206,7 +206,12 @@ def build(component: Component, jobs: int, names: list[str] | None = None) -> No
         try:
             if shutil.which("go") is None:
                 raise ProvisionError("`go` not found on PATH (Go >= 1.26 is needed)")
-            (work / "go.mod").write_text(_wrapper_gomod(component))
+            if component.source is not None:
+                for path in component.source.iterdir():
+                    if path.name == "go.mod" or path.suffix == ".go":
+                        shutil.copyfile(path, work / path.name)
+            else:
+                (work / "go.mod").write_text(_wrapper_gomod(component))
             (work / "go.sum").touch()
             pkgs = [component.packages[n] for n in names]
             # -mod=mod (in _go_env) lets `go build` fill go.sum for exactly what it compiles.

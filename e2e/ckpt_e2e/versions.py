@@ -5,7 +5,9 @@ Bumping a version here changes the cache directory, so old and new binaries neve
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 
 KUBERNETES = "v1.37.2"
 ETCD = "v3.6.16"
@@ -25,6 +27,9 @@ class Component:
     # binary name -> Go package path (inside `module` or its dependencies)
     packages: dict[str, str]
     ldflags: tuple[str, ...] = ()
+    # A program of ours (a directory under e2e/ holding go.mod and *.go) instead of a wrapper
+    # around a published module; its go.mod pins what it requires.
+    source: Path | None = None
     # Go build tags: what a binary leaves out that the tests never use (and a cold build then
     # never compiles).
     tags: tuple[str, ...] = ()
@@ -56,6 +61,18 @@ def _prometheus_ldflags(version: str) -> tuple[str, ...]:
     # Without this `prometheus --version` and its build_info metric report an empty version.
     return (f"-X github.com/prometheus/common/version.Version={prometheus_release(version)}",)
 
+
+def source_version(directory: Path) -> str:
+    """A cache key for a program of ours: a hash of its go.mod and Go files, so an edit
+    rebuilds it and an unchanged one stays cached."""
+    digest = hashlib.sha256()
+    for path in sorted(directory.iterdir()):
+        if path.name == "go.mod" or path.suffix == ".go":
+            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return f"src-{digest.hexdigest()[:16]}"
+
+
+KSTATUS_SOURCE = Path(__file__).resolve().parents[1] / "kstatus"
 
 COMPONENTS: tuple[Component, ...] = (
     Component(
@@ -110,6 +127,15 @@ COMPONENTS: tuple[Component, ...] = (
         # The tests discover targets from files only; the cloud and Kubernetes service
         # discoveries are most of Prometheus's dependency tree (and of a cold build's minutes).
         tags=("remove_all_sd",),
+    ),
+    Component(
+        name="kstatus",
+        module="ckpt-rollout.local/e2e/kstatus",
+        version=source_version(KSTATUS_SOURCE),
+        # GitOps health tests: what Flux concludes about a CheckpointRollout (its go.mod pins
+        # sigs.k8s.io/cli-utils).
+        packages={"kstatus": "ckpt-rollout.local/e2e/kstatus"},
+        source=KSTATUS_SOURCE,
     ),
 )
 

@@ -110,6 +110,22 @@ def test_operator_real_commands(operator_venv: Venv) -> None:
     assert agent.returncode == 2
     assert "ckpt-rollout[agent]" in agent.stderr
     assert "Traceback" not in agent.stderr
+    # The trainer's client imports without the agent; only publishing needs it, and says so
+    # before anything is read or written.
+    imported = operator_venv.run(
+        [
+            operator_venv.bin("python"),
+            "-c",
+            "from ckpt_rollout.client import release, set_target_version, wait_for",
+        ]
+    )
+    assert imported.returncode == 0, imported.stderr
+    release = operator_venv.run(
+        [operator_venv.bin("ckpt-rollout"), "release", "v2", "--from", ".", "--rollout", "fleet", "-n", "rl"]
+    )
+    assert release.returncode == 2, release.stderr
+    assert "ckpt-rollout[agent]" in release.stderr
+    assert "Traceback" not in release.stderr
 
 
 def test_agent_file_set_holds_no_operator_or_harness(agent_venv: Venv) -> None:

@@ -1,8 +1,10 @@
 """Each CheckpointRollout's loop: step, then sleep until the CR changes (anyone's write but our
-own), its namespace's pods change, or the step's timer runs out."""
+own), its namespace's pods change, the ConfigMap its version comes from changes, or the step's
+timer runs out."""
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import aiohttp
@@ -10,12 +12,19 @@ import kopf
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
+from ckpt_api.source_policy import SourcePolicy
+from ckpt_api.status import CheckpointRolloutStatus
+from ckpt_api.vocabulary import EventReason, EventType
 from ckpt_rollout import metrics
-from ckpt_rollout.executor import Reconciler
+from ckpt_rollout.configmaps import ConfigMapWatch, Key
+from ckpt_rollout.executor import Emit, Reconciler
 from ckpt_rollout.freshness import freshest, resource_version
 from ckpt_rollout.kube import RolloutApi
+from ckpt_rollout.mergepatch import merge_diff
 from ckpt_rollout.podcache import PodCache
-from ckpt_rollout.world import Memory, Peer
+from ckpt_rollout.spec_gates import Held, gate, recovered_status, stalled_status
+from ckpt_rollout.version_source import source_ref
+from ckpt_rollout.world import Memory, Peer, rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +57,19 @@ class Waker:
 class RolloutLoops:
     """The loops of every CR this operator follows, and what wakes them."""
 
-    def __init__(self, api: RolloutApi, reconciler: Reconciler, pods: PodCache) -> None:
+    def __init__(
+        self,
+        api: RolloutApi,
+        reconciler: Reconciler,
+        pods: PodCache,
+        configmaps: ConfigMapWatch,
+        source_policy: SourcePolicy,
+    ) -> None:
         self.api = api
+        self.source_policy = source_policy
         self.reconciler = reconciler
         self.pods = pods
+        self.configmaps = configmaps
         self.wakers: dict[tuple[str, str], Waker] = {}
 
     def changed(self, namespace: str | None, name: str, body: kopf.Body) -> None:
@@ -70,6 +88,7 @@ class RolloutLoops:
         key = (namespace, name)
         waker = self.wakers[key] = Waker()
         self.pods.subscribe(namespace, waker.event)
+        source: list[Key] = []  # the ConfigMap followed for spec.versionFrom, if any
         memory = Memory()
 
         def emit(type_: str, reason: str, message: str) -> None:
@@ -88,13 +107,21 @@ class RolloutLoops:
                     # A shallow copy is a snapshot: kopf replaces the body's parts, never edits
                     # them, and the step only reads them.
                     obj = dict(newest) if newest is not None else await self.api.get(namespace, name)
-                    peers = list(peers_index.get(namespace, []))
-                    stepped, delay = await self.reconciler.step(
-                        obj, self.pods.get(namespace), memory, emit, peers
-                    )
-                    if stepped is not obj:
-                        written = stepped
-                        waker.written = resource_version(stepped)
+                    self._follow_source(obj, source, waker)
+                    resolved, patched = await self._resolved(obj, emit)
+                    if patched is not None:
+                        written = patched
+                        waker.written = resource_version(patched)
+                    # Held by a gate: a spec edit, or its ConfigMap's watch, wakes the loop.
+                    delay = None
+                    if resolved is not None:
+                        peers = list(peers_index.get(namespace, []))
+                        stepped, delay = await self.reconciler.step(
+                            resolved, self.pods.get(namespace), memory, emit, peers
+                        )
+                        if stepped is not resolved:
+                            written = stepped
+                            waker.written = resource_version(stepped)
                 except ApiException as exc:
                     if exc.status == 404:
                         return
@@ -115,4 +142,53 @@ class RolloutLoops:
             # stale Failed phase would keep an alert firing).
             metrics.forget(key)
             self.pods.unsubscribe(namespace, waker.event)
+            for followed in source:
+                self.configmaps.unfollow(followed, waker.event)
             self.wakers.pop(key, None)
+
+    def _follow_source(self, obj: dict[str, Any], source: list[Key], waker: Waker) -> None:
+        """Follow the ConfigMap spec.versionFrom names now (and no longer one it named)."""
+        try:
+            ref = source_ref(obj["spec"])
+        except (ValidationError, KeyError, TypeError):
+            ref = None  # an invalid versionFrom: the InvalidSpec gate holds the rollout
+        wanted = [(obj["metadata"]["namespace"], ref.name)] if ref is not None else []
+        if wanted == source:
+            return
+        for old in source:
+            self.configmaps.unfollow(old, waker.event)
+        for new in wanted:
+            self.configmaps.follow(new, waker.event)
+        source[:] = wanted
+
+    async def _resolved(
+        self, obj: dict[str, Any], emit: Emit
+    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """The CR as a step reads it (None: held by a spec gate, nothing to step) and the CR as a
+        status write here returned it (None: nothing written)."""
+        verdict = gate(obj, self.configmaps.state, self.source_policy)
+        if verdict is None:
+            return None, None
+        meta = obj["metadata"]
+        status = CheckpointRolloutStatus.model_validate(obj.get("status") or {})
+        stamp, generation = rfc3339(time.time()), meta.get("generation")
+        if isinstance(verdict, Held):
+            new = stalled_status(status, verdict, now=stamp, generation=generation)
+            if status.message != verdict.message:
+                emit(EventType.WARNING, EventReason(verdict.reason), verdict.message)
+            return None, await self._write(obj, status, new)
+        recovered = recovered_status(status, verdict.message, now=stamp, generation=generation)
+        if recovered is None:
+            return verdict.obj, None
+        patched = await self._write(obj, status, recovered)
+        if patched is None:
+            return verdict.obj, None
+        return {**patched, "spec": verdict.obj["spec"]}, patched  # the spec as resolved
+
+    async def _write(
+        self, obj: dict[str, Any], old: CheckpointRolloutStatus, new: CheckpointRolloutStatus
+    ) -> dict[str, Any] | None:
+        patch = merge_diff(old.to_wire(), new.to_wire())
+        if not patch:
+            return None
+        return await self.api.patch_status(obj["metadata"]["namespace"], obj["metadata"]["name"], patch)

@@ -11,6 +11,7 @@ from ckpt_api.constants import GROUP, PLURAL, VERSION
 from ckpt_api.vocabulary import FINALIZER, KOPF_ANNOTATION_PREFIX, KOPF_DIFFBASE_KEY
 from ckpt_rollout.agent_client import AgentClient, TokenFile
 from ckpt_rollout.config import OperatorConfig
+from ckpt_rollout.configmaps import ConfigMapWatch
 from ckpt_rollout.daemon import RolloutLoops
 from ckpt_rollout.executor import Reconciler
 from ckpt_rollout.kube import RolloutApi, load_api_client
@@ -51,12 +52,14 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.reconciler = Reconciler(memo.api, memo.agents, config.tuning)
     memo.pods = PodCache(api_client, config.namespaces, config.watch_server_timeout_s)
     memo.pods_task = asyncio.create_task(memo.pods.run(), name="ckpt-pod-cache")
-    memo.loops = RolloutLoops(memo.api, memo.reconciler, memo.pods)
+    memo.configmaps = ConfigMapWatch(api_client, config.watch_server_timeout_s)
+    memo.loops = RolloutLoops(memo.api, memo.reconciler, memo.pods, memo.configmaps, config.source_policy)
 
 
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
     memo.pods_task.cancel()
+    memo.configmaps.close()
     await memo.agents.close()
     await memo.api_client.close()
 

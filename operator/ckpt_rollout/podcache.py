@@ -8,15 +8,14 @@ name, IP and labels, so that is all this keeps.
 """
 
 import asyncio
-import json
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from ckpt_api.vocabulary import PodPhase
+from ckpt_rollout.watchstream import list_body, watch_events
 from ckpt_rollout.world import Pod
 
 log = logging.getLogger(__name__)
@@ -109,7 +108,7 @@ class PodCache:
         token: str | None = None
         while True:
             resp = await self._list(namespace, limit=LIST_PAGE, **({"_continue": token} if token else {}))
-            body = json.loads(await resp.read())
+            body = await list_body(resp)
             for item in body.get("items") or []:
                 if (pod := running_pod(item)) is not None:
                     listed.setdefault(item["metadata"]["namespace"], {})[pod.name] = pod
@@ -134,7 +133,7 @@ class PodCache:
             _request_timeout=self._watch_timeout_s + 30,
         )
         try:
-            async for event in _events(resp):
+            async for event in watch_events(resp):
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":  # typically 410 Gone: relist
                     raise ApiException(status=obj.get("code"), reason=obj.get("message"))
@@ -144,14 +143,3 @@ class PodCache:
         finally:
             resp.release()
         return version
-
-
-async def _events(resp: Any) -> AsyncIterator[dict[str, Any]]:
-    """A watch stream: one JSON object per line; lines may span reads and exceed any buffer."""
-    buffer = b""
-    async for chunk in resp.content.iter_any():
-        buffer += chunk
-        *lines, buffer = buffer.split(b"\n")
-        for line in lines:
-            if line.strip():
-                yield json.loads(line)
