@@ -454,11 +454,15 @@ class DeclaredRolloutSpec(ApiModel):
     it. CheckpointRolloutSpec is what a step works with, its version resolved."""
 
     model_config = config_with_rules(
-        _cel(
-            "has(self.version) != has(self.versionFrom)",
-            "exactly one of version and versionFrom must be set",
-            "FieldValueRequired",
-        ),
+        {
+            **_cel(
+                "has(self.version) != has(self.versionFrom)",
+                "exactly one of version and versionFrom must be set",
+                "FieldValueRequired",
+            ),
+            # The error names spec.version, what most manifests lack or got wrong.
+            "fieldPath": ".version",
+        },
         _cel(
             "!has(self.versionFrom) || !has(self.source.manifestDigest)",
             _PINNED_VERSION_FROM,
