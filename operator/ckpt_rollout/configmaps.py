@@ -14,7 +14,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from ckpt_rollout.version_source import ConfigMapState
-from ckpt_rollout.watchstream import list_body, watch_events
+from ckpt_rollout.watchstream import follow, list_body
 
 log = logging.getLogger(__name__)
 
@@ -125,16 +125,8 @@ class ConfigMapWatch:
             timeout_seconds=self._watch_timeout_s,
             _request_timeout=self._watch_timeout_s + 30,
         )
-        try:
-            async for event in watch_events(resp):
-                kind, obj = event.get("type"), event.get("object") or {}
-                if kind == "ERROR":
-                    raise ApiException(status=obj.get("code"), reason=obj.get("message"))
-                version = obj.get("metadata", {}).get("resourceVersion", version)
-                if kind in ("ADDED", "MODIFIED"):
-                    self._set(followed, configmap_state(obj))
-                elif kind == "DELETED":
-                    self._set(followed, configmap_state(None))
-        finally:
-            resp.release()
-        return version
+
+        def apply(kind: str, obj: dict[str, Any]) -> None:
+            self._set(followed, configmap_state(None if kind == "DELETED" else obj))
+
+        return await follow(resp, version, apply)

@@ -15,7 +15,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from ckpt_api.vocabulary import PodPhase
-from ckpt_rollout.watchstream import list_body, watch_events
+from ckpt_rollout.watchstream import follow, list_body
 from ckpt_rollout.world import Pod
 
 log = logging.getLogger(__name__)
@@ -132,14 +132,4 @@ class PodCache:
             timeout_seconds=self._watch_timeout_s,
             _request_timeout=self._watch_timeout_s + 30,
         )
-        try:
-            async for event in watch_events(resp):
-                kind, obj = event.get("type"), event.get("object") or {}
-                if kind == "ERROR":  # typically 410 Gone: relist
-                    raise ApiException(status=obj.get("code"), reason=obj.get("message"))
-                version = obj.get("metadata", {}).get("resourceVersion", version)
-                if kind != "BOOKMARK":
-                    self.apply(str(kind), obj)
-        finally:
-            resp.release()
-        return version
+        return await follow(resp, version, self.apply)

@@ -2,7 +2,7 @@
 watch stream of one event per line."""
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -38,3 +38,20 @@ async def watch_events(resp: Any) -> AsyncIterator[dict[str, Any]]:
         for line in lines:
             if line.strip():
                 yield json.loads(line)
+
+
+async def follow(resp: Any, version: str, apply: Callable[[str, dict[str, Any]], None]) -> str:
+    """Feed a watch's events to ``apply(type, object)`` until the server ends it; returns the
+    last resourceVersion seen (bookmarks only move it on). An ERROR event (typically 410 Gone)
+    raises its ApiException: the caller relists."""
+    try:
+        async for event in watch_events(resp):
+            kind, obj = str(event.get("type")), event.get("object") or {}
+            if kind == "ERROR":
+                raise ApiException(status=obj.get("code"), reason=obj.get("message"))
+            version = obj.get("metadata", {}).get("resourceVersion", version)
+            if kind != "BOOKMARK":
+                apply(kind, obj)
+    finally:
+        resp.release()
+    return version
