@@ -14,7 +14,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from ckpt_rollout.version_source import ConfigMapState
-from ckpt_rollout.watchstream import follow, list_body
+from ckpt_rollout.watchstream import LIST_TIMEOUT_S, follow, list_body
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,7 @@ class ConfigMapWatch:
                 await asyncio.sleep(RETRY_S)
 
     async def _request(self, key: Key, **kwargs: Any) -> Any:
+        kwargs.setdefault("_request_timeout", LIST_TIMEOUT_S)  # a watch passes its own
         namespace, name = key
         return await self._core.list_namespaced_config_map(
             namespace, field_selector=f"metadata.name={name}", _preload_content=False, **kwargs

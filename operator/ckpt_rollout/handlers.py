@@ -38,6 +38,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.server_timeout = config.watch_server_timeout_s
     settings.watching.client_timeout = config.watch_server_timeout_s + 30
     settings.watching.connect_timeout = 30
+    # kopf's own calls (finalizers, progress annotations, events): bounded, not its 300 s default.
+    settings.networking.request_timeout = 30
+    settings.networking.connect_timeout = 10
     # Our own Events are posted explicitly (kopf.event); kopf's INFO lines ("Handler ...
     # succeeded", one per CR change with the wake-up handler) would each cost a POST.
     settings.posting.level = logging.WARNING

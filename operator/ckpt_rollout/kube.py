@@ -19,6 +19,10 @@ async def load_api_client() -> client.ApiClient:
     return client.ApiClient()
 
 
+# One CR read or status write: a hung apiserver must not hold a rollout's loop (the loop retries).
+API_TIMEOUT_S = 15.0
+
+
 class RolloutApi:
     """Reads and merge-patches CheckpointRollouts; counts requests for the control-plane bench."""
 
@@ -30,7 +34,7 @@ class RolloutApi:
         self.requests += 1
         API_REQUESTS.labels("get").inc()
         obj: dict[str, Any] = await self._api.get_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, name
+            GROUP, VERSION, namespace, PLURAL, name, _request_timeout=API_TIMEOUT_S
         )
         return obj
 
@@ -38,6 +42,13 @@ class RolloutApi:
         self.requests += 1
         API_REQUESTS.labels("patch").inc()
         obj: dict[str, Any] = await self._api.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _content_type=MERGE_PATCH
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            name,
+            {"status": status},
+            _content_type=MERGE_PATCH,
+            _request_timeout=API_TIMEOUT_S,
         )
         return obj

@@ -15,7 +15,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from ckpt_api.vocabulary import PodPhase
-from ckpt_rollout.watchstream import follow, list_body
+from ckpt_rollout.watchstream import LIST_TIMEOUT_S, follow, list_body
 from ckpt_rollout.world import Pod
 
 log = logging.getLogger(__name__)
@@ -99,6 +99,7 @@ class PodCache:
                 await asyncio.sleep(RETRY_S)
 
     async def _list(self, namespace: str, **kwargs: Any) -> Any:
+        kwargs.setdefault("_request_timeout", LIST_TIMEOUT_S)  # a watch passes its own
         if namespace:
             return await self._core.list_namespaced_pod(namespace, _preload_content=False, **kwargs)
         return await self._core.list_pod_for_all_namespaces(_preload_content=False, **kwargs)

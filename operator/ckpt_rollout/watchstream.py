@@ -7,6 +7,9 @@ from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
+# A list (not a watch): a whole namespace's pods may take a while, a hung apiserver forever.
+LIST_TIMEOUT_S = 60.0
+
 
 def raise_for_status(resp: Any, body: bytes) -> None:
     """An error answer as the ApiException a preloaded call raises: with _preload_content=False

@@ -117,6 +117,10 @@ def review_failed(http_status: int | None) -> AuthDecision:
     return AuthDecision(401, f"token review refused (HTTP {http_status})")
 
 
+# How long one request waits for its TokenReview before it is answered 503 AuthUnavailable.
+TOKENREVIEW_TIMEOUT_S = 5.0
+
+
 class TokenReviewAuthenticator:
     """Asks the apiserver; caches answers briefly so a rollout's polling does not flood it."""
 
@@ -150,7 +154,7 @@ class TokenReviewAuthenticator:
             # Raw JSON rather than the generated model: the decision needs three fields, and
             # model validation quirks must not turn into a 500.
             response = await client.AuthenticationV1Api(self._api).create_token_review(
-                review, _preload_content=False
+                review, _preload_content=False, _request_timeout=TOKENREVIEW_TIMEOUT_S
             )
             try:
                 payload = json.loads(await response.read())

@@ -28,6 +28,8 @@ from ckpt_api.status import WorkerStatus
 
 log = logging.getLogger(__name__)
 
+# One status write; a hung apiserver fails it (and it is retried) instead of holding the queue.
+REPORT_TIMEOUT_S = 10.0
 # Retrying these cannot help: the object is gone, RBAC forbids it, or the patch is invalid.
 _PERMANENT = frozenset({400, 401, 403, 404, 422})
 # How long shutdown waits for queued reports (the final Updated/Failed entry matters most).
@@ -107,6 +109,7 @@ class KubeReporter:
                 rollout.name,
                 body,
                 _content_type="application/merge-patch+json",
+                _request_timeout=REPORT_TIMEOUT_S,
             ),
         )
 
@@ -120,7 +123,9 @@ class KubeReporter:
         api = client.CoreV1Api(self._api)
         self._submit(
             f"pod {self._namespace}/{self._pod}",
-            lambda: api.patch_namespaced_pod_status(self._pod, self._namespace, body),
+            lambda: api.patch_namespaced_pod_status(
+                self._pod, self._namespace, body, _request_timeout=REPORT_TIMEOUT_S
+            ),
         )
 
     async def _drain(self) -> None:
