@@ -58,6 +58,7 @@ from .procs import WaitTimeout, spawn, stop, wait_for
 from .rollout_env import (
     AGENT_PORT,
     CLI,
+    EXAMPLE_RELAY,
     WORKER_LABEL,
     CheckpointSource,
     OperatorProcess,
@@ -421,7 +422,12 @@ class ExistingProvider(Provider):
         labels = {"app": WORKER_LABEL, "fleet": name}
         # 0.0.0.0, not $POD_IP: kubectl port-forward reaches the agent on the pod's loopback.
         args = agent_flags(
-            "0.0.0.0", self.settings.source_uri, initial_version, self.settings.operator_username, extra_args
+            "0.0.0.0",
+            self.settings.source_uri,
+            initial_version,
+            self.settings.operator_username,
+            extra_args,
+            EXAMPLE_RELAY,
         )
         self.kubectl.apply(worker_pod_deployment(name, replicas, labels, self.settings.worker_image, args))
         fleet = ExistingFleet(name, labels, self.token(), self.kubectl, self.log_dir)

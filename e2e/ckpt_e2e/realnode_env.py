@@ -50,7 +50,15 @@ from .providers import (
 from .provision import resolve
 from .realnode import BINARIES as REAL_NODE_BINARIES
 from .realnode import RealNode, placement
-from .rollout_env import WORKER_LABEL, CheckpointSource, Rollouts, Worker, agent_flags, serve_checkpoints
+from .rollout_env import (
+    EXAMPLE_RELAY,
+    WORKER_LABEL,
+    CheckpointSource,
+    Rollouts,
+    Worker,
+    agent_flags,
+    serve_checkpoints,
+)
 
 __all__ = ["RealNodeEnv", "RealNodeProvider", "real_cluster", "real_node_env", "real_node_provider"]
 
@@ -175,7 +183,9 @@ class RealNodeProvider(ExistingProvider):
         labels = {"app": WORKER_LABEL, "fleet": name}
         # $(POD_IP): the kubelet expands it from the container's env, as examples/ binds.
         operator = self.settings.operator_username
-        args = agent_flags("$(POD_IP)", self.settings.source_uri, initial_version, operator, extra_args)
+        args = agent_flags(
+            "$(POD_IP)", self.settings.source_uri, initial_version, operator, extra_args, EXAMPLE_RELAY
+        )
         self.kubectl.apply(real_node_deployment(name, replicas, labels, args))
         fleet = RealNodeFleet(name, labels, self.token(), self.kubectl, self.log_dir)
         self.fleets.append(fleet)

@@ -155,16 +155,29 @@ def worker_deployment(
     }
 
 
+# examples/worker-deployment.yaml's projected relay token, and the peers' username there.
+EXAMPLE_RELAY = (
+    "/var/run/secrets/ckpt-rollout/relay/token",
+    "system:serviceaccount:$(POD_NAMESPACE):ckpt-rollout-worker",
+)
+
+
 def agent_flags(
     host: str,
     source_url: str,
     initial_version: str,
     allowed_username: str,
     extra_args: list[str] | None = None,
+    relay: tuple[str, str] | None = None,
 ) -> list[str]:
     """`ckpt-rollout agent` flags of a test worker: paddle reference engine on AGENT_PORT, boots
     on ``initial_version``, accepts only the operator's token. The same flags serve kwok pods
-    (local provider) and the worker image's container args (existing clusters)."""
+    (local provider) and the worker image's container args (existing clusters). ``relay``: (its
+    own token file, the peers' username): what it presents to peers and whom it lets read its
+    relay."""
+    relay_flags = (
+        [] if relay is None else ["--relay-token-file", relay[0], "--relay-allowed-usernames", relay[1]]
+    )
     return [
         "--host",
         host,
@@ -180,6 +193,7 @@ def agent_flags(
         DEFAULT_AGENT_AUDIENCE,
         "--allowed-usernames",
         allowed_username,
+        *relay_flags,
         *(extra_args or []),
     ]
 
@@ -198,6 +212,9 @@ class AgentOptions:
     # Runs each pod's agent: a process of the checkout by default, or e.g. the worker image
     # (ContainerLauncher, whose entrypoint is the agent); chosen per pod.
     launcher: Callable[[PodInfo], Launcher] = lambda _pod: AGENT_PROCESS
+    # Each pod's own token for reading peers' relays, and the peers' username (the workers').
+    relay_token: Callable[[PodInfo], Path] | None = None
+    relay_username: str | None = None
 
     def launch(self, pod: PodInfo) -> Launch:
         # What the pod spec's downward API and service account give a real worker container.
@@ -210,11 +227,17 @@ class AgentOptions:
             "POD_UID": pod.uid,
             "NODE_NAME": pod.node,
         }
+        files = kubeconfig_files(kubeconfig)
+        relay = None
+        if self.relay_token is not None and self.relay_username is not None:
+            token = self.relay_token(pod)
+            relay = (str(token), self.relay_username)
+            files.append(token)
         flags = agent_flags(
-            pod.ip, self.source_url, self.initial_version, self.allowed_username, self.extra_args
+            pod.ip, self.source_url, self.initial_version, self.allowed_username, self.extra_args, relay
         )
         name = f"agent-{pod.name}-{pod.uid[:8]}"
-        return self.launcher(pod).launch(flags, name, env, kubeconfig_files(kubeconfig))
+        return self.launcher(pod).launch(flags, name, env, files)
 
 
 @dataclass

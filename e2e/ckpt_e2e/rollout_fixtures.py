@@ -158,6 +158,8 @@ def fleet_factory(
             source_url=checkpoint_source.url,
             initial_version=initial_version,
             kubeconfig=chart_accounts.worker_kubeconfig_for,
+            relay_token=chart_accounts.worker_relay_token_for,
+            relay_username=chart_accounts.worker_username,
             allowed_username=operator_identity.username,
             extra_args=[*(extra_args or []), *model_flags(big)],
         )

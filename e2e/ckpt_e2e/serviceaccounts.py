@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 from kubernetes import client
 
+from ckpt_api.constants import DEFAULT_AGENT_AUDIENCE
 from ckpt_api.vocabulary import INSTANCE_LABEL
 
 from .kubectl import Kubectl
@@ -225,6 +226,17 @@ class ChartAccounts:
     api: client.ApiClient = field(repr=False, compare=False)
     admin_kubeconfig: Path = field(repr=False)
     workdir: Path = field(repr=False)
+
+    def worker_relay_token_for(self, pod: PodInfo) -> Path:
+        """A token file of the worker account for the agents' audience, bound to ``pod``: what
+        its agent presents to the peers it pulls from (a projected token in a real pod)."""
+        token = mint_token(
+            self.api, self.namespace, WORKER_ACCOUNT, [DEFAULT_AGENT_AUDIENCE], pod=(pod.name, pod.uid)
+        )
+        path = self.workdir / f"relay-token-{pod.name}-{pod.uid[:8]}"
+        path.write_text(token)
+        path.chmod(0o600)
+        return path
 
     def worker_kubeconfig_for(self, pod: PodInfo) -> Path:
         """A kubeconfig whose token is bound to ``pod``, as its kubelet would project it."""

@@ -18,9 +18,29 @@ from ckpt_agent.metrics import AgentMetrics
 from ckpt_agent.mooncake.runtime import UNSPECIFIED_HOSTS
 from ckpt_agent.relay.export import RelayExporter
 from ckpt_agent.reporting import DisabledReporter, KubeReporter, StatusReporter
-from ckpt_agent.service import AgentService
+from ckpt_agent.service import AgentService, RelayCredential
 
 log = logging.getLogger(__name__)
+
+
+def relay_credential(config: AgentConfig) -> RelayCredential:
+    """What this agent presents to a peer whose relay it reads: its own token file; with a
+    static token, that shared secret (every agent and the operator hold it already); with
+    TokenReview auth and no token file, nothing: the operator's token is never sent on."""
+    if config.relay_token_file is not None:
+        path = config.relay_token_file
+
+        def own(_request_bearer: str | None) -> str | None:
+            try:
+                return path.read_text().strip() or None
+            except OSError as exc:
+                log.warning("cannot read --relay-token-file %s (%s): loading from the source", path, exc)
+                return None
+
+        return own
+    if config.auth.tokenreview_audience is not None:
+        return lambda _request_bearer: None
+    return lambda request_bearer: request_bearer
 
 
 def create_engine(config: AgentConfig) -> Engine:
@@ -150,7 +170,10 @@ async def build_agent(config: AgentConfig) -> Agent:
         authenticator = StaticTokenAuthenticator(config.auth.token_file)
     elif config.auth.tokenreview_audience is not None:
         authenticator = TokenReviewAuthenticator(
-            api_client, config.auth.tokenreview_audience, config.auth.allowed_usernames
+            api_client,
+            config.auth.tokenreview_audience,
+            config.auth.allowed_usernames,
+            relay_usernames=config.auth.relay_usernames,
         )
     else:
         log.warning("authentication is OFF (--no-auth): anyone who can reach the port controls the engine")
@@ -165,6 +188,7 @@ async def build_agent(config: AgentConfig) -> Agent:
         initial_verify=config.initial_verify,
         await_rollout=config.await_rollout,
         source_policy=config.source_policy(),
+        relay_credential=relay_credential(config),
     )
     app = create_app(
         service, authenticator, _relay_exporter(config), sync_timeout_s=config.sync_update_timeout

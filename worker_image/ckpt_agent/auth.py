@@ -44,7 +44,24 @@ class AuthDecision:
 
 
 class Authenticator(Protocol):
+    # Callers who may read the relay (peers pulling a version) and nothing else.
+    relay_only: frozenset[str]
+
     async def authenticate(self, token: str) -> AuthDecision: ...
+
+
+# What peers read: the relay copy of the live version (ckpt_agent.relay.http).
+RELAY_PREFIXES = ("/v1/relay/", "/v1/mooncake/")
+
+
+def scoped(decision: AuthDecision, path: str, relay_only: Collection[str]) -> AuthDecision:
+    """A peer's identity (another worker's token) reads the relay and nothing else: it can
+    neither pause nor reload this agent."""
+    if decision.allowed and decision.username in relay_only and not path.startswith(RELAY_PREFIXES):
+        return AuthDecision(
+            403, f"user {decision.username!r} may only read this agent's relay", decision.username
+        )
+    return decision
 
 
 def bearer_token(header: str | None) -> str | None:
@@ -63,6 +80,8 @@ def bearer_token(header: str | None) -> str | None:
 
 class StaticTokenAuthenticator:
     """Compares against a token file, re-read when it changes (mounted Secrets are updated in place)."""
+
+    relay_only: frozenset[str] = frozenset()  # one shared secret: peers present it too
 
     def __init__(self, path: Path) -> None:
         self._path = path
@@ -130,12 +149,14 @@ class TokenReviewAuthenticator:
         audience: str,
         allowed_usernames: Collection[str],
         *,
+        relay_usernames: Collection[str] = (),
         ttl_seconds: float = 60.0,
         negative_ttl_seconds: float = 5.0,
     ) -> None:
         self._api = api_client
         self._audience = audience
-        self._allowed = frozenset(allowed_usernames)
+        self._allowed = frozenset(allowed_usernames) | frozenset(relay_usernames)
+        self.relay_only = frozenset(relay_usernames) - frozenset(allowed_usernames)
         self._ttl = ttl_seconds
         self._negative_ttl = negative_ttl_seconds
         self._cache: dict[str, tuple[float, AuthDecision]] = {}
@@ -210,7 +231,7 @@ def auth_middleware(
                 status=401,
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        decision = await authenticator.authenticate(token)
+        decision = scoped(await authenticator.authenticate(token), request.path, authenticator.relay_only)
         if not decision.allowed:
             reject = _REJECTIONS.get(decision.status, _REJECTIONS[401])
             on_reject(reject.metric)

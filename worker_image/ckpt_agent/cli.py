@@ -155,8 +155,12 @@ def config_from_args(args: argparse.Namespace, env: dict[str, str] | None = None
             token_file=Path(args.auth_token_file) if args.auth_token_file else None,
             tokenreview_audience=args.tokenreview_audience,
             allowed_usernames=usernames,
+            relay_usernames=tuple(
+                u.strip() for u in (args.relay_allowed_usernames or "").split(",") if u.strip()
+            ),
             disabled=args.no_auth,
         ),
+        relay_token_file=Path(args.relay_token_file) if args.relay_token_file else None,
         allowed_sources=tuple(s for s in (args.allowed_sources or "").split(",") if s.strip()),
         allow_link_local_sources=args.allow_link_local_sources,
         report=args.report,
@@ -325,6 +329,16 @@ def _add_agent_parser(sub: SubParsers) -> None:
     p.add_argument("--tokenreview-audience", help="check bearer tokens with TokenReview for this audience")
     p.add_argument("--allowed-usernames", help="comma-separated, e.g. system:serviceaccount:ns:operator")
     p.add_argument("--no-auth", action="store_true", help="no authentication (local development only)")
+    p.add_argument(
+        "--relay-allowed-usernames",
+        help="comma-separated peers that may read this agent's relay and nothing else, e.g. "
+        "system:serviceaccount:ns:ckpt-rollout-worker (with --tokenreview-audience)",
+    )
+    p.add_argument(
+        "--relay-token-file",
+        help="this agent's own token for reading peers' relays (a projected token for the agents' "
+        "audience); without it, and with TokenReview auth, peers are skipped for the source",
+    )
     p.add_argument(
         "--allowed-sources",
         help="comma-separated rules scheme://host[:port][/path] a source must match (host: a name, "

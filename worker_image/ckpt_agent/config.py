@@ -33,6 +33,8 @@ class AuthConfig:
     token_file: Path | None = None
     tokenreview_audience: str | None = None
     allowed_usernames: tuple[str, ...] = ()
+    # Peers (other workers' agents) allowed to read the relay, and only the relay.
+    relay_usernames: tuple[str, ...] = ()
     disabled: bool = False
 
     def validate(self) -> None:
@@ -44,6 +46,8 @@ class AuthConfig:
             )
         if self.tokenreview_audience is not None and not self.allowed_usernames:
             raise ConfigError("--tokenreview-audience needs --allowed-usernames")
+        if self.relay_usernames and self.tokenreview_audience is None:
+            raise ConfigError("--relay-allowed-usernames needs --tokenreview-audience")
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,10 @@ class AgentConfig:
     auth: AuthConfig = field(default_factory=AuthConfig)
     # Sources this agent may pull from (ckpt_api.source_policy rules; empty: any); link-local
     # addresses (cloud metadata) are refused unless allowed.
+    # This agent's own token for reading peers' relays (a projected token for the agents'
+    # audience, re-read per load: the kubelet rotates it). The operator's token, which a
+    # request carries, is never sent on to a peer.
+    relay_token_file: Path | None = None
     allowed_sources: tuple[str, ...] = ()
     allow_link_local_sources: bool = False
     # None: report when running in a cluster (pod identity known and a kube config available).

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import prometheus_client
@@ -46,6 +47,9 @@ from ckpt_api.vocabulary import (
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_SECONDS = 30.0
+# The token a load presents to the peer it pulls from, given the request's own (None: the peer is
+# skipped for the source).
+RelayCredential = Callable[[str | None], str | None]
 UPDATE_COUNTS = (*UpdateResult, *LoadResult)  # the `updates` counters of /v1/status
 
 
@@ -82,9 +86,12 @@ class AgentService:
         initial_verify: bool = True,
         await_rollout: bool = False,
         source_policy: SourcePolicy | None = None,
+        relay_credential: RelayCredential = lambda request_bearer: request_bearer,
     ) -> None:
         self.engine = engine
         self.source_policy = source_policy or SourcePolicy()
+        self._relay_credential = relay_credential
+        self._peer_skipped: str | None = None  # why this load ignored the peer it was given
         self.gate = PauseGate(engine)
         self.reporter = reporter
         self.metrics = metrics
@@ -226,6 +233,14 @@ class AgentService:
     def _begin(self, req: UpdateWeightsRequest, bearer: str | None = None) -> asyncio.Task[LoadEnd]:
         source = req.source
         peer = source.peer if source else None
+        credential = self._relay_credential(bearer) if peer else None
+        self._peer_skipped = None
+        if peer is not None and credential is None:
+            self._peer_skipped = (
+                f"peer {peer} skipped: this agent has no token for peers (--relay-token-file)"
+            )
+            log.warning("%s; loading %s from the source", self._peer_skipped, req.version)
+            peer = None
         job = LoadJob(
             version=req.version,
             verify_checksum=req.verify_checksum,
@@ -233,7 +248,7 @@ class AgentService:
             manifest_digest=source.manifest_digest if source else None,
             previous=None if self.weights_lost else self.live,
             peer=peer,
-            bearer=bearer if peer else None,
+            bearer=credential if peer else None,
             check_finite=req.checks is not None and req.checks.finite,
             health_check=req.health_check,
         )
@@ -358,7 +373,7 @@ class AgentService:
     async def _load(self, job: LoadJob, rollout: str | None) -> LoadOutcome:
         """The engine's load; if the peer failed or sent bad bytes, the whole load again from
         the original source."""
-        self._fallback, self._peer_bytes = None, 0
+        self._fallback, self._peer_bytes = self._peer_skipped, 0
         try:
             return await self._attempt(job, rollout)
         except LoadError as exc:
