@@ -276,6 +276,9 @@ def test_helm_install_upgrade_uninstall_keeps_the_crd_and_rollouts(
     assert _crd_established(kube)
 
 
+# kubectl maps checkpointrollouts.rollout.ckpt.dev through discovery: without the CRD served it
+# asks about another resource, which nobody is granted.
+@pytest.mark.usefixtures("crd_installed")
 def test_helm_rbac_for_watched_namespaces_leases_and_workers(
     helm: HelmCli, kube: Kubectl, namespace: str
 ) -> None:
@@ -308,6 +311,9 @@ def test_helm_rbac_for_watched_namespaces_leases_and_workers(
             ("patch", "checkpointrollouts.rollout.ckpt.dev"),
             ("patch", "checkpointrollouts.rollout.ckpt.dev/status"),
             ("list", "pods"),
+            # spec.versionFrom's ConfigMaps, read only.
+            ("get", "configmaps"),
+            ("watch", "configmaps"),
             ("create", "events"),
             ("create", "events.events.k8s.io"),
         ]:
@@ -319,7 +325,8 @@ def test_helm_rbac_for_watched_namespaces_leases_and_workers(
             ("delete", "pods"),
             ("patch", "pods"),
             ("get", "secrets"),
-            ("get", "configmaps"),
+            ("patch", "configmaps"),
+            ("create", "configmaps"),
         ]:
             assert not _can(kube, operator, verb, resource, workers), (verb, resource)
         assert _can(kube, operator, "create", "leases.coordination.k8s.io", namespace)
