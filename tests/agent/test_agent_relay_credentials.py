@@ -15,6 +15,7 @@ from ckpt_agent.agent import relay_credential
 from ckpt_agent.auth import AuthDecision, scoped
 from ckpt_agent.config import AgentConfig, AuthConfig
 from ckpt_agent.httpserver import AppServer
+from ckpt_agent.service import NoRelayToken
 
 
 @pytest.fixture
@@ -61,7 +62,10 @@ def _config(**auth: object) -> AgentConfig:
 
 def test_with_token_review_and_no_relay_token_nothing_is_sent_on(tmp_path: Path) -> None:
     reviewed = _config(tokenreview_audience="ckpt-rollout-agent", allowed_usernames=("op",))
-    assert relay_credential(reviewed)("operator-token") is None
+    with pytest.raises(NoRelayToken, match="no token for peers"):
+        relay_credential(reviewed)("operator-token")
+    # Auth off: no token is needed to read a peer either.
+    assert relay_credential(_config(disabled=True))(None) is None
     static = tmp_path / "t"
     static.write_text("shared")
     # One shared secret that every agent holds already: the peer gets what it knows.
@@ -72,7 +76,8 @@ def test_with_token_review_and_no_relay_token_nothing_is_sent_on(tmp_path: Path)
         auth=AuthConfig(tokenreview_audience="a", allowed_usernames=("op",)), relay_token_file=own
     )
     assert relay_credential(with_file)("operator-token") == "mine"
-    assert relay_credential(AgentConfig(relay_token_file=tmp_path / "absent"))("x") is None
+    with pytest.raises(NoRelayToken, match="cannot read --relay-token-file"):
+        relay_credential(AgentConfig(relay_token_file=tmp_path / "absent"))("x")
 
 
 async def test_an_agent_told_of_a_peer_it_has_no_token_for_loads_from_the_source(
@@ -86,7 +91,7 @@ async def test_an_agent_told_of_a_peer_it_has_no_token_for_loads_from_the_source
     status = await agent.wait_settled()
     assert status["version"] == "v2"
     assert seen == [], "no request reached the peer"
-    assert "skipped: this agent has no token for peers" in status["last_load"]["fallback_reason"]
+    assert "skipped: cannot read --relay-token-file" in status["last_load"]["fallback_reason"]
     assert status["last_load"]["peer"] is None
 
 

@@ -18,7 +18,7 @@ from ckpt_agent.metrics import AgentMetrics
 from ckpt_agent.mooncake.runtime import UNSPECIFIED_HOSTS
 from ckpt_agent.relay.export import RelayExporter
 from ckpt_agent.reporting import DisabledReporter, KubeReporter, StatusReporter
-from ckpt_agent.service import AgentService, RelayCredential
+from ckpt_agent.service import AgentService, NoRelayToken, RelayCredential
 
 log = logging.getLogger(__name__)
 
@@ -30,16 +30,22 @@ def relay_credential(config: AgentConfig) -> RelayCredential:
     if config.relay_token_file is not None:
         path = config.relay_token_file
 
-        def own(_request_bearer: str | None) -> str | None:
+        def own(_request_bearer: str | None) -> str:
             try:
-                return path.read_text().strip() or None
+                token = path.read_text().strip()
             except OSError as exc:
-                log.warning("cannot read --relay-token-file %s (%s): loading from the source", path, exc)
-                return None
+                raise NoRelayToken(f"cannot read --relay-token-file {path} ({exc.strerror})") from None
+            if not token:
+                raise NoRelayToken(f"--relay-token-file {path} is empty")
+            return token
 
         return own
     if config.auth.tokenreview_audience is not None:
-        return lambda _request_bearer: None
+
+        def none(_request_bearer: str | None) -> str:
+            raise NoRelayToken("this agent has no token for peers (--relay-token-file)")
+
+        return none
     return lambda request_bearer: request_bearer
 
 

@@ -47,9 +47,15 @@ from ckpt_api.vocabulary import (
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_SECONDS = 30.0
-# The token a load presents to the peer it pulls from, given the request's own (None: the peer is
-# skipped for the source).
+# The token a load presents to the peer it pulls from, given the request's own (None: no auth,
+# none needed); raises NoRelayToken when this agent has none to present.
 RelayCredential = Callable[[str | None], str | None]
+
+
+class NoRelayToken(Exception):
+    """This agent cannot authenticate to peers: a load told of one reads the source instead."""
+
+
 UPDATE_COUNTS = (*UpdateResult, *LoadResult)  # the `updates` counters of /v1/status
 
 
@@ -233,12 +239,12 @@ class AgentService:
     def _begin(self, req: UpdateWeightsRequest, bearer: str | None = None) -> asyncio.Task[LoadEnd]:
         source = req.source
         peer = source.peer if source else None
-        credential = self._relay_credential(bearer) if peer else None
+        credential: str | None = None
         self._peer_skipped = None
-        if peer is not None and credential is None:
-            self._peer_skipped = (
-                f"peer {peer} skipped: this agent has no token for peers (--relay-token-file)"
-            )
+        try:
+            credential = self._relay_credential(bearer) if peer else None
+        except NoRelayToken as exc:
+            self._peer_skipped = f"peer {peer} skipped: {exc}"
             log.warning("%s; loading %s from the source", self._peer_skipped, req.version)
             peer = None
         job = LoadJob(
