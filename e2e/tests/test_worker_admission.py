@@ -5,6 +5,7 @@ applies them), so a rollout that needs a worker to write more than its own entry
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -84,13 +85,17 @@ def test_a_worker_writes_only_its_own_pod_and_its_own_entry(
         _api(chart_accounts.worker_kubeconfig) as unbound,
         _api(chart_accounts.operator_kubeconfig) as operator,
     ):
-        # The apiserver enforces a new policy once its informer has seen it.
-        wait_for(
-            lambda: _refusal(patch_status(worker, {"workers": {"worker-b": _entry("v2")}})) is not None,
-            30,
-            "the worker admission policy to be enforced",
-            interval=0.2,
-        )
+        # The apiserver enforces a new policy once its informer has seen it (about a second).
+        # Each probe writes a value not there yet: a probe let through before that would make
+        # the next one a no-op write, which the policy rightly allows, and the wait would never end.
+        probes = itertools.count(1)
+
+        def enforced() -> bool:
+            probe = {"workers": {"worker-b": _entry(f"probe{next(probes)}")}}
+            return _refusal(patch_status(worker, probe)) is not None
+
+        wait_for(enforced, 30, "the worker admission policy to be enforced", interval=0.2)
+        patch_status(k8s_api, {"workers": {"worker-b": _entry("v1")}})()
         refused = _refusal(patch_status(worker, {"workers": {"worker-b": _entry("v2")}}))
         assert refused is not None
         assert "pod worker-a may write only its own entry of status.workers" in refused
