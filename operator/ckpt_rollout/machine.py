@@ -13,12 +13,7 @@ annotation), RollingBack, Done (terminal; Succeeded corrects drift), Abort,
 Deadline, NoWorkers, Advance (pause/promote, waves, analysis, drift waves, finish).
 
 Analysis (spec.strategy.analysis): a spec wave whose workers settled within the budget is
-Analyzing before it completes. Measurements are due every intervalSeconds from the last one
-(status holds the counts and times, so a restarted operator resumes the count); the executor
-takes one and the next step folds it in. spec.paused does not hold the analysis: it measures
-pods that serve whether or not the rollout is paused, and a pause must not hide a failing one;
-the progress deadline (paused time excluded) keeps running. promote never ends an analysis;
-only the skip-analysis annotation naming the wave and version does.
+Analyzing before it completes; its transitions are ckpt_rollout.analyzing's.
 """
 
 import re
@@ -26,15 +21,13 @@ from collections.abc import Callable
 from enum import Enum, auto
 
 from ckpt_api.spec import FailureAction, LabelSelector
-from ckpt_api.status import AnalysisStatus, RollbackStatus, WaveStatus
+from ckpt_api.status import RollbackStatus, WaveStatus
 from ckpt_api.vocabulary import (
     ABORT_ANNOTATION,
     FAILED_PHASES,
     PROMOTE_ANNOTATION,
     RETRY_ANNOTATION,
-    SKIP_ANALYSIS_ANNOTATION,
     TERMINAL_PHASES,
-    AnalysisPhase,
     EventReason,
     EventType,
     Phase,
@@ -45,11 +38,20 @@ from ckpt_api.vocabulary import (
     WorkerReason,
     WorkerResult,
 )
-from ckpt_rollout.analysis import judge, render
+from ckpt_rollout import analyzing
 from ckpt_rollout.conditions import Verdict
 from ckpt_rollout.drive import Target, drive, fold_heard, fold_settled
 from ckpt_rollout.outcomes import Outcome
-from ckpt_rollout.plan import Draft, Measure, Measurement, Plan, Probe, Rollout, updated_replicas
+from ckpt_rollout.plan import (
+    Draft,
+    Measure,
+    Plan,
+    Probe,
+    Rollout,
+    spec_wave_name,
+    updated_replicas,
+    wave_name,
+)
 from ckpt_rollout.planning import failure_budget, plan_wave
 from ckpt_rollout.selectors import selectors_overlap
 from ckpt_rollout.views import counted
@@ -400,17 +402,6 @@ def _spec_done(d: Draft) -> int:
     return sum(1 for w in d.status.waves if w.kind is WaveKind.SPEC and w.phase is WavePhase.COMPLETED)
 
 
-def spec_wave_name(d: Draft, spec_index: int) -> str:
-    return f"wave {spec_index + 1}/{len(d.spec.strategy.waves)}"
-
-
-def wave_name(d: Draft, wave: WaveStatus) -> str:
-    """How messages name a status wave: a spec wave as "wave N/M", the others by their kind."""
-    if wave.spec_index is None:
-        return f"{wave.kind} wave"
-    return spec_wave_name(d, wave.spec_index)
-
-
 _UNFINISHED = (WavePhase.RUNNING, WavePhase.ANALYZING)
 
 
@@ -421,7 +412,7 @@ def _advance(d: Draft) -> bool:
     _set_paused(d, reason)
     if running is not None:
         if waves[running].phase is WavePhase.ANALYZING:
-            return _analyze(d, running)
+            return _after_analysis(d, running, analyzing.step(d, running))
         return _run_wave(d, running)
     if reason:
         return False
@@ -531,7 +522,8 @@ def _complete_wave(d: Draft, index: int, outcomes: dict[str, Outcome]) -> bool:
     gone = [p for p, o in outcomes.items() if o is Outcome.GONE]
     wave = d.status.waves[index]
     if d.spec.strategy.analysis is not None and wave.analysis is None and wave.kind is WaveKind.SPEC:
-        return _begin_analysis(d, index, updated=len(updated), failed=len(failed_here), gone=len(gone))
+        analyzing.begin(d, index, updated=len(updated), failed=len(failed_here), gone=len(gone))
+        return True  # the first measurement is due now
     d.set_wave(
         index,
         phase=WavePhase.COMPLETED,
@@ -556,139 +548,11 @@ def _complete_wave(d: Draft, index: int, outcomes: dict[str, Outcome]) -> bool:
     return True
 
 
-# -- analysis ----------------------------------------------------------------------------------
-
-
-def required_measurements(d: Draft) -> int:
-    analysis = d.spec.strategy.analysis
-    assert analysis is not None  # only asked while there is one
-    return max(1, analysis.duration_seconds // analysis.interval_seconds)
-
-
-def _analysis_line(d: Draft, wave: WaveStatus) -> str:
-    state = wave.analysis
-    assert state is not None  # set with the phase
-    return (
-        f"{wave_name(d, wave)}: analyzing ({state.measurements}/{required_measurements(d)} "
-        f"measurements, {state.failed_measurements} failed)"
-    )
-
-
-def _begin_analysis(d: Draft, index: int, *, updated: int, failed: int, gone: int) -> bool:
-    """The wave's workers settled: measure it before it completes. Its workers stay listed
-    until then (the success fold is the completion's)."""
-    d.set_wave(
-        index,
-        phase=WavePhase.ANALYZING,
-        updated=updated,
-        failed=failed,
-        gone=gone,
-        analysis=AnalysisStatus(started_at=d.now.stamp),
-    )
-    analysis = d.spec.strategy.analysis
-    assert analysis is not None  # only called with one
-    wave = d.status.waves[index]
-    d.event(
-        EventType.NORMAL,
-        EventReason.ANALYSIS_STARTED,
-        f"{wave_name(d, wave)}: measuring {', '.join(q.name for q in analysis.queries)} "
-        f"every {analysis.interval_seconds}s for {analysis.duration_seconds}s",
-    )
-    return True  # the first measurement is due now
-
-
-def _analyze(d: Draft, index: int) -> bool:
-    wave = d.status.waves[index]
-    analysis = d.spec.strategy.analysis
-    state = wave.analysis
-    if state is None:  # lost from a status edited by hand: the analysis starts over
-        state = AnalysisStatus(started_at=d.now.stamp)
-        d.set_wave(index, analysis=state)
-    label = wave_name(d, wave)
-    if analysis is None:
-        return _end_analysis(d, index, state, AnalysisPhase.SKIPPED, "spec.strategy.analysis was removed")
-    skip = d.rollout.meta.annotations.get(SKIP_ANALYSIS_ANNOTATION)
-    if wave.spec_index is not None and skip == f"{wave.spec_index}@{d.spec.version}":
-        return _end_analysis(d, index, state, AnalysisPhase.SKIPPED, f"skipped ({SKIP_ANALYSIS_ANNOTATION})")
-    address = analysis.prometheus_address or d.tuning.prometheus_url
-    if not address:
-        why = (
-            "no Prometheus address: set spec.strategy.analysis.prometheusAddress "
-            "or the operator's --prometheus-url"
-        )
-        return _analysis_failed(d, index, state, f"{label}: analysis failed: {why}")
-    key = f"{d.spec.version}/{index}/{state.measurements}"
-    measured = d.memory.measured
-    # Answers to a query list edited since they were asked are dropped: measured again.
-    if measured is not None and measured[0] == key and len(measured[1]) == len(analysis.queries):
-        pairs = zip(analysis.queries, measured[1], strict=True)  # pragma: no mutate (equal lengths)
-        results = [judge(q.name, answer, q.success_condition) for q, answer in pairs]
-        failed = next((r for r in results if not r.passed), None)
-        summary = f"query {failed.name} {failed.message}" if failed else "every query passed"
-        state = state.model_copy(
-            update={
-                "measurements": state.measurements + 1,
-                "failed_measurements": state.failed_measurements + (failed is not None),
-                "results": results,
-                "measured_at": d.now.stamp,
-                "message": summary[:1024],
-            }
-        )
-        d.set_wave(index, analysis=state)
-        if failed is not None and state.failed_measurements > analysis.failure_limit:
-            message = (
-                f"{label}: analysis failed: query {failed.name} {failed.message}; "
-                f"{counted(state.failed_measurements, 'failed measurement')} > failureLimit "
-                f"{analysis.failure_limit}"
-            )
-            return _analysis_failed(d, index, state, message)
-    started = parse_time(state.started_at) or d.now.wall
-    ends = started + analysis.duration_seconds
-    if state.measurements >= required_measurements(d) and d.now.wall >= ends:
-        message = f"passed: {counted(state.measurements, 'measurement')}, {state.failed_measurements} failed"
-        return _end_analysis(d, index, state, AnalysisPhase.PASSED, message)
-    if d.status.phase is not Phase.PAUSED:  # a pause keeps its own message
-        line = _analysis_line(d, d.status.waves[index])
-        d.set(Verdict(Phase.PROGRESSING, RolloutReason.ANALYZING, line), message=line)
-    last = parse_time(state.measured_at)
-    due = started if last is None else last + analysis.interval_seconds
-    if state.measurements >= required_measurements(d):
-        due = max(due, ends)  # enough measurements: only the duration is left to pass
-    if d.now.wall < due:
-        d.wake(due - d.now.wall)
+def _after_analysis(d: Draft, index: int, ending: analyzing.Ending | None) -> bool:
+    if ending is None:
         return False
-    context = {"namespace": d.rollout.meta.namespace, "rollout": d.rollout.meta.name}
-    context |= {"version": d.spec.version, "wave": str(index)}
-    d.plan.measurement = Measurement(
-        key=key,
-        address=address,
-        queries=tuple((q.name, render(q.query, context)) for q in analysis.queries),
-        timeout_s=d.tuning.prometheus_timeout_s,
-    )
-    return False
-
-
-def _analysis_failed(d: Draft, index: int, state: AnalysisStatus, message: str) -> bool:
-    done = state.model_copy(
-        update={"phase": AnalysisPhase.FAILED, "completed_at": d.now.stamp, "message": message[:1024]}
-    )
-    d.set_wave(index, phase=WavePhase.FAILED, completed_at=d.now.stamp, analysis=done)
-    d.event(EventType.WARNING, EventReason.ANALYSIS_FAILED, message)
-    return _fail(d, RolloutReason.ANALYSIS_FAILED, message)
-
-
-def _end_analysis(d: Draft, index: int, state: AnalysisStatus, phase: AnalysisPhase, message: str) -> bool:
-    """Passed or skipped: the wave completes as it would have without an analysis."""
-    done = state.model_copy(update={"phase": phase, "completed_at": d.now.stamp, "message": message})
-    # Back to Running, and driven at once: its outcomes (all settled) complete it in this step,
-    # through the completion every wave takes; the analysis recorded, it is not analyzed again.
-    d.set_wave(index, phase=WavePhase.RUNNING, analysis=done)
-    passed = phase is AnalysisPhase.PASSED
-    d.event(
-        EventType.NORMAL,
-        EventReason.ANALYSIS_PASSED if passed else EventReason.ANALYSIS_SKIPPED,
-        f"{wave_name(d, d.status.waves[index])}: analysis {message}",
-    )
+    if ending.failed:
+        return _fail(d, RolloutReason.ANALYSIS_FAILED, ending.message)
     return _run_wave(d, index)
 
 

@@ -212,3 +212,14 @@ def derived_counters(status: CheckpointRolloutStatus, rollout: Rollout) -> dict[
         "total_waves": total,
         "wave_progress": f"{spec_done}/{total}",
     }
+
+
+def spec_wave_name(d: Draft, spec_index: int) -> str:
+    return f"wave {spec_index + 1}/{len(d.spec.strategy.waves)}"
+
+
+def wave_name(d: Draft, wave: WaveStatus) -> str:
+    """How messages name a status wave: a spec wave as "wave N/M", the others by their kind."""
+    if wave.spec_index is None:
+        return f"{wave.kind} wave"
+    return spec_wave_name(d, wave.spec_index)
