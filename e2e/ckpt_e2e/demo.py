@@ -22,6 +22,7 @@ import numpy as np
 from kubernetes import config
 
 from ckpt_agent.synth import expected_infer_output
+from ckpt_api.tls import agent_server_name
 
 from .cluster import ClusterOptions, LocalCluster
 from .kubectl import Kubectl
@@ -31,6 +32,7 @@ from .rollout_env import (
     CLI,
     WORKER_LABEL,
     AgentOptions,
+    MintedAgentTokens,
     OperatorProcess,
     Rollouts,
     operator_token,
@@ -80,10 +82,11 @@ def run(workers: int, hidden: int, layers: int, workdir: Path) -> int:
         size = _manifest_bytes(root / V2)
 
         with serve_checkpoints(root, workdir) as source:
+            # The operator mints its agents' tokens for this account (TokenRequest, audience
+            # ckpt-rollout-agent/NAMESPACE); ``token`` is one such, for the demo's own calls.
             token = operator_token(api, NAMESPACE)
-            token_file = workdir / "agent-token"
-            token_file.write_text(token)
-            operator = OperatorProcess(cluster.kubeconfig, NAMESPACE, token_file, workdir).start()
+            minted = MintedAgentTokens(NAMESPACE, "ckpt-operator")
+            operator = OperatorProcess(cluster.kubeconfig, NAMESPACE, minted, workdir).start()
             try:
                 say(f"operator running (log: {operator.log_path})")
                 labels = {"app": WORKER_LABEL}
@@ -92,6 +95,7 @@ def run(workers: int, hidden: int, layers: int, workdir: Path) -> int:
                     source_url=source.url,
                     initial_version=BASE,
                     kubeconfig=cluster.kubeconfig,
+                    # No chart RBAC here: the allow-list fallback names the operator.
                     allowed_username=f"system:serviceaccount:{NAMESPACE}:ckpt-operator",
                     extra_args=["--model-hidden", str(hidden), "--model-layers", str(layers)],
                 )
@@ -103,6 +107,9 @@ def run(workers: int, hidden: int, layers: int, workdir: Path) -> int:
                         f"{workers} worker pods running real agents: "
                         + ", ".join(f"{w.name}@{w.ip}" for w in fleet)
                     )
+                    # The harness's defaults: each agent serves a certificate from the session's
+                    # CA for the namespace's agent name, which the operator and peers verify.
+                    say(f"agents serve https for {agent_server_name(NAMESPACE)}; CA {operator.agent_ca}")
                     rollouts = Rollouts(api, NAMESPACE)
                     spec = {
                         "version": V1,

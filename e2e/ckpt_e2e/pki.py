@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from ckpt_api.tls import agent_server_name
 
 _VALIDITY = dt.timedelta(days=7)
 
@@ -49,15 +52,17 @@ def _name(common_name: str, orgs: tuple[str, ...] = ()) -> x509.Name:
 class ClusterPKI:
     """Files under `directory`; the CA key stays in memory to sign further client certs."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, ca_name: str = "ckpt-e2e-ca") -> None:
+        """``ca_name``: the CA's subject, which a verifier looks issuers up by: CAs trusted
+        side by side need different ones."""
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self._ca_key = _key()
         now = dt.datetime.now(dt.UTC)
         self._ca_cert = (
             x509.CertificateBuilder()
-            .subject_name(_name("ckpt-e2e-ca"))
-            .issuer_name(_name("ckpt-e2e-ca"))
+            .subject_name(_name(ca_name))
+            .issuer_name(_name(ca_name))
             .public_key(self._ca_key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - dt.timedelta(minutes=5))
@@ -124,8 +129,43 @@ class ClusterPKI:
     def serving(self, stem: str, ips: list[str], dns: list[str]) -> CertPair:
         sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
         sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
-        return self._issue(stem, _name(dns[0] if dns else ips[0]), ExtendedKeyUsageOID.SERVER_AUTH, sans)
+        # The CN is informational (clients check the SANs) and capped at 64 characters, which a
+        # long test namespace in the agents' name exceeds.
+        common = next((n for n in (*dns, *ips) if len(n) <= 64), stem[:64])
+        return self._issue(stem, _name(common), ExtendedKeyUsageOID.SERVER_AUTH, sans)
 
     def client(self, stem: str, user: str, groups: tuple[str, ...] = ()) -> CertPair:
         """Client cert; the apiserver maps CN to the user name and O to groups."""
         return self._issue(stem, _name(user, groups), ExtendedKeyUsageOID.CLIENT_AUTH)
+
+
+def agent_certificate(pki: ClusterPKI, namespace: str, ips: tuple[str, ...] = ()) -> CertPair:
+    """A serving certificate as the chart issues one: for the agents' name in ``namespace``
+    (callers verify that name, never the pod IP); ``ips``: for test clients that dial an
+    address and check it (the operator and peers never do)."""
+    return pki.serving(f"agent-{namespace}", list(ips), [agent_server_name(namespace)])
+
+
+class AgentPKI:
+    """The agents' CA of a test session and serving certificates issued from it per pod: for
+    the agents' name in the pod's namespace (what the operator and peers verify) and for the pod
+    IP (what the harness's own readers dial and check with urllib)."""
+
+    def __init__(self, directory: Path) -> None:
+        self._pki = ClusterPKI(directory, ca_name=f"ckpt-e2e-agent-ca-{x509.random_serial_number():x}"[:64])
+        self.ca_cert = self._pki.ca_cert
+        self._also_trusted: list[Path] = []
+
+    def for_pod(self, namespace: str, ip: str, stem: str) -> CertPair:
+        return self._pki.serving(stem, [ip], [agent_server_name(namespace)])
+
+    def trust(self, ca_cert: Path) -> None:
+        """Let the harness's own readers also accept agents of another CA (a test's); what the
+        operator and the agents trust is their flags' business."""
+        self._also_trusted.append(ca_cert)
+
+    def client_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.ca_cert))
+        for ca in self._also_trusted:
+            context.load_verify_locations(cafile=str(ca))
+        return context

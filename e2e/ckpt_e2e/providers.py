@@ -42,6 +42,7 @@ from typing import Any, ClassVar, Protocol
 import pytest
 import yaml
 
+from ckpt_api.constants import agent_audience
 from ckpt_api.vocabulary import (
     COMPONENT_LABEL,
     INSTANCE_LABEL,
@@ -300,7 +301,29 @@ def worker_pod_deployment(
     container["image"] = image
     container["args"] = args
     container["resources"] = {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}
+    if "--plain-http" in args:
+        _without_tls(spec["template"]["spec"])
     return deployment
+
+
+def relay_token_for(deployment: dict[str, Any], namespace: str) -> dict[str, Any]:
+    """The example's projected relay token (for namespace rl's agents) made ``namespace``'s."""
+    for volume in deployment["spec"]["template"]["spec"]["volumes"]:
+        for source in (volume.get("projected") or {}).get("sources", []):
+            if "serviceAccountToken" in source:
+                source["serviceAccountToken"]["audience"] = agent_audience(namespace)
+    return deployment
+
+
+def _without_tls(pod: dict[str, Any]) -> None:
+    """The example's TLS parts removed, for agents run --plain-http: the clusters of this
+    provider install the chart with agentTLS.enabled=false (test namespaces are made per test,
+    so the chart cannot issue their serving Secrets)."""
+    pod["volumes"] = [v for v in pod["volumes"] if v["name"] != "agent-tls"]
+    container = pod["containers"][0]
+    container["volumeMounts"] = [m for m in container["volumeMounts"] if m["name"] != "agent-tls"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        container[probe]["httpGet"].pop("scheme", None)
 
 
 @dataclass
@@ -354,7 +377,9 @@ class ExistingFleet:
     def _worker(self, pod: dict[str, Any]) -> Worker | None:
         """Where the test reaches this pod's agent: a port-forward (pod IPs are the cluster's)."""
         fwd = self._forward(pod["metadata"]["name"], pod["metadata"]["uid"])
-        return None if fwd is None else Worker(pod["metadata"]["name"], "127.0.0.1", fwd.port)
+        # Plain http: these agents get no serving certificate (agent_flags without tls), and the
+        # chart there runs with agentTLS.enabled false.
+        return None if fwd is None else Worker(pod["metadata"]["name"], "127.0.0.1", fwd.port, "http")
 
     def workers(self, count: int) -> list[Worker]:
         selector = ",".join(f"{k}={v}" for k, v in self.labels.items())
@@ -403,11 +428,13 @@ class ExistingProvider(Provider):
         return self.kubectl.in_namespace(self.settings.operator_namespace)
 
     def token(self) -> str:
-        """A token of the Helm-installed operator's ServiceAccount, for the agents' audience:
-        what the operator itself presents, so tests read agents as the operator does."""
+        """A token of the Helm-installed operator's ServiceAccount, for the test namespace's
+        agents: what the operator itself mints, so tests read agents as the operator does."""
         if self._token is None:
+            assert self.kubectl.namespace is not None
+            audience = agent_audience(self.kubectl.namespace)
             self._token = self.operator_kubectl.run(
-                "create", "token", self.settings.operator_account, "--audience=ckpt-rollout-agent"
+                "create", "token", self.settings.operator_account, f"--audience={audience}"
             ).stdout.strip()
         return self._token
 
@@ -421,15 +448,19 @@ class ExistingProvider(Provider):
         self._worker_rbac()
         labels = {"app": WORKER_LABEL, "fleet": name}
         # 0.0.0.0, not $POD_IP: kubectl port-forward reaches the agent on the pod's loopback.
+        # Authorized by SubjectAccessReview: what the installed chart grants the operator.
+        assert self.kubectl.namespace is not None
         args = agent_flags(
             "0.0.0.0",
             self.settings.source_uri,
             initial_version,
-            self.settings.operator_username,
+            None,
             extra_args,
             EXAMPLE_RELAY,
+            audience=agent_audience(self.kubectl.namespace),
         )
-        self.kubectl.apply(worker_pod_deployment(name, replicas, labels, self.settings.worker_image, args))
+        deployment = worker_pod_deployment(name, replicas, labels, self.settings.worker_image, args)
+        self.kubectl.apply(relay_token_for(deployment, self.kubectl.namespace))
         fleet = ExistingFleet(name, labels, self.token(), self.kubectl, self.log_dir)
         self.fleets.append(fleet)
         fleet.workers(replicas)

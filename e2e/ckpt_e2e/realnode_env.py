@@ -33,6 +33,8 @@ from typing import Any, ClassVar
 
 import pytest
 
+from ckpt_api.constants import agent_audience
+
 from . import images
 from .cluster import ClusterOptions, LocalCluster
 from .fixtures import CONTROL_PLANE, ClusterHandle, _kubectl_binary, fresh_namespace
@@ -45,6 +47,7 @@ from .providers import (
     ExistingProvider,
     ExistingSettings,
     helm_binary,
+    relay_token_for,
     worker_pod_deployment,
 )
 from .provision import resolve
@@ -87,7 +90,12 @@ def real_node_of(handle: ClusterHandle) -> RealNode:
 def chart_values() -> dict[str, Any]:
     """The chart's defaults but the image, and the operator pinned to the real node."""
     repository, tag = OPERATOR_IMAGE.rsplit(":", 1)
-    return {"image": {"repository": repository, "tag": tag, "pullPolicy": "Never"}, **placement()}
+    # Agents run --plain-http there (see providers.worker_pod_deployment).
+    return {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        "agentTLS": {"enabled": False},
+        **placement(),
+    }
 
 
 @dataclass
@@ -165,7 +173,8 @@ def real_node_env(
 class RealNodeFleet(ExistingFleet):
     def _worker(self, pod: dict[str, Any]) -> Worker | None:
         ip = pod["status"].get("podIP")
-        return Worker(pod["metadata"]["name"], ip) if ip else None
+        # Plain http, as on the kind path (agent_flags without tls; chart agentTLS.enabled false).
+        return Worker(pod["metadata"]["name"], ip, scheme="http") if ip else None
 
 
 @dataclass
@@ -182,11 +191,21 @@ class RealNodeProvider(ExistingProvider):
         self._worker_rbac()
         labels = {"app": WORKER_LABEL, "fleet": name}
         # $(POD_IP): the kubelet expands it from the container's env, as examples/ binds.
-        operator = self.settings.operator_username
+        # Authorized by SubjectAccessReview: what the installed chart grants the operator.
+        assert self.kubectl.namespace is not None
+        audience = agent_audience(self.kubectl.namespace)
         args = agent_flags(
-            "$(POD_IP)", self.settings.source_uri, initial_version, operator, extra_args, EXAMPLE_RELAY
+            "$(POD_IP)",
+            self.settings.source_uri,
+            initial_version,
+            None,
+            extra_args,
+            EXAMPLE_RELAY,
+            audience=audience,
         )
-        self.kubectl.apply(real_node_deployment(name, replicas, labels, args))
+        self.kubectl.apply(
+            relay_token_for(real_node_deployment(name, replicas, labels, args), self.kubectl.namespace)
+        )
         fleet = RealNodeFleet(name, labels, self.token(), self.kubectl, self.log_dir)
         self.fleets.append(fleet)
         fleet.workers(replicas)

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -21,12 +22,13 @@ from typing import Any
 
 from kubernetes import client
 
-from ckpt_api.constants import DEFAULT_AGENT_AUDIENCE, GROUP, PLURAL, VERSION
+from ckpt_api.constants import GROUP, PLURAL, VERSION, agent_audience
 from ckpt_api.vocabulary import WEIGHTS_READY_CONDITION, UpdateResult
 
 from .catalog import corrupt_tensor as corrupt_tensor  # re-exported: tests damage versions
 from .catalog import publish_version
 from .launchers import Launcher, ProcessLauncher, kubeconfig_files
+from .pki import AgentPKI, CertPair
 from .podruntime import Launch, PodInfo, PodRuntime
 from .procs import PortReservation, spawn, spawn_server, stop, wait_for
 from .serviceaccounts import mint_token
@@ -36,22 +38,49 @@ AGENT_PORT = 8089
 WORKER_LABEL = "rollout-worker"
 
 
+@functools.cache
+def session_agent_pki() -> AgentPKI:
+    """The agents' CA of this test session: every harness agent serves a certificate from it
+    (TLS unless a test asks for --plain-http) and every harness operator trusts it."""
+    return AgentPKI(Path(tempfile.mkdtemp(prefix="ckpt-agent-pki-")))
+
+
+def urlopen(req: urllib.request.Request, timeout: float) -> Any:
+    # https: an agent of the session, verified against its CA for the pod IP it was dialled at.
+    context = session_agent_pki().client_context() if req.type == "https" else None
+    return urllib.request.urlopen(req, timeout=timeout, context=context)
+
+
 def http_json(url: str, *, token: str | None = None, body: Any = None, timeout: float = 5.0) -> Any:
-    """One HTTP call to an agent or source on loopback; returns the decoded JSON body."""
+    """One HTTP(S) call to an agent or source on loopback; returns the decoded JSON body."""
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")
     req.add_header("Content-Type", "application/json")
     if token:
         req.add_header("Authorization", f"Bearer {token}")
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
+    with urlopen(req, timeout) as resp:
         return json.loads(resp.read() or b"null")
+
+
+def http_call(url: str, token: str, body: object = None, timeout: float = 15.0) -> tuple[int, bytes]:
+    """One call that may be refused: (HTTP status, body), a 4xx or 5xx included; POST with a
+    body, else GET."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method="POST" if data else "GET")
+    request.add_header("Authorization", f"Bearer {token}")
+    request.add_header("Content-Type", "application/json")
+    try:
+        with urlopen(request, timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
 
 
 def http_text(url: str, *, token: str | None = None, timeout: float = 5.0) -> str:
     req = urllib.request.Request(url)
     if token:
         req.add_header("Authorization", f"Bearer {token}")
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
+    with urlopen(req, timeout) as resp:
         return str(resp.read().decode())
 
 
@@ -122,12 +151,12 @@ def _ok(url: str) -> bool:
 
 
 def operator_token(api: client.ApiClient, namespace: str, account: str = "ckpt-operator") -> str:
-    """A new ServiceAccount and its token for the agents' audience, as the operator's projected
-    volume has (the demo's; the test fixtures' account comes from the chart, serviceaccounts.py)."""
+    """A new ServiceAccount and its token for ``namespace``'s agents, as the operator mints one
+    (the demo's; the test fixtures' account comes from the chart, serviceaccounts.py)."""
     client.CoreV1Api(api).create_namespaced_service_account(
         namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=account))
     )
-    return mint_token(api, namespace, account, [DEFAULT_AGENT_AUDIENCE])
+    return mint_token(api, namespace, account, [agent_audience(namespace)])
 
 
 # -- worker fleet ---------------------------------------------------------------------------
@@ -166,17 +195,36 @@ def agent_flags(
     host: str,
     source_url: str,
     initial_version: str,
-    allowed_username: str,
+    allowed_username: str | None,
     extra_args: list[str] | None = None,
-    relay: tuple[str, str] | None = None,
+    relay: tuple[str, str | None] | None = None,
+    tls: tuple[CertPair, Path] | None = None,
+    *,
+    audience: str,
 ) -> list[str]:
     """`ckpt-rollout agent` flags of a test worker: paddle reference engine on AGENT_PORT, boots
-    on ``initial_version``, accepts only the operator's token. The same flags serve kwok pods
-    (local provider) and the worker image's container args (existing clusters). ``relay``: (its
-    own token file, the peers' username): what it presents to peers and whom it lets read its
-    relay."""
-    relay_flags = (
-        [] if relay is None else ["--relay-token-file", relay[0], "--relay-allowed-usernames", relay[1]]
+    on ``initial_version``, accepts tokens for ``audience`` (its namespace's,
+    ckpt_api.constants.agent_audience) and authorizes them by SubjectAccessReview, or, given
+    ``allowed_username`` (the fallback), only that user's. The same flags serve kwok pods (local
+    provider) and the worker image's container args (existing clusters). ``relay``: (its own
+    token file, the peers' username with the allow-list): what it presents to peers and whom it
+    lets read its relay. ``tls``: (its serving certificate, the CA peers must chain to); None:
+    --plain-http."""
+    relay_flags = [] if relay is None else ["--relay-token-file", relay[0]]
+    if relay is not None and relay[1] is not None and allowed_username is not None:
+        relay_flags += ["--relay-allowed-usernames", relay[1]]
+    allow_list = [] if allowed_username is None else ["--allowed-usernames", allowed_username]
+    tls_flags = (
+        ["--plain-http"]
+        if tls is None
+        else [
+            "--tls-cert-file",
+            str(tls[0].cert),
+            "--tls-key-file",
+            str(tls[0].key),
+            "--peer-ca-file",
+            str(tls[1]),
+        ]
     )
     return [
         "--host",
@@ -190,10 +238,10 @@ def agent_flags(
         "--initial-version",
         initial_version,
         "--tokenreview-audience",
-        DEFAULT_AGENT_AUDIENCE,
-        "--allowed-usernames",
-        allowed_username,
+        audience,
+        *allow_list,
         *relay_flags,
+        *tls_flags,
         *(extra_args or []),
     ]
 
@@ -207,14 +255,19 @@ class AgentOptions:
     initial_version: str
     # One for every pod, or each pod's own (a token bound to it, as its kubelet projects one).
     kubeconfig: Path | Callable[[PodInfo], Path]
-    allowed_username: str
+    # None: callers are authorized by SubjectAccessReview (what the chart's RBAC grants); a
+    # username: the allow-list fallback, that user only.
+    allowed_username: str | None = None
     extra_args: list[str] = field(default_factory=list)
     # Runs each pod's agent: a process of the checkout by default, or e.g. the worker image
     # (ContainerLauncher, whose entrypoint is the agent); chosen per pod.
     launcher: Callable[[PodInfo], Launcher] = lambda _pod: AGENT_PROCESS
-    # Each pod's own token for reading peers' relays, and the peers' username (the workers').
+    # Each pod's own token for reading peers' relays, and, with the allow-list, the peers'
+    # username (the workers').
     relay_token: Callable[[PodInfo], Path] | None = None
     relay_username: str | None = None
+    # The CA each pod's serving certificate comes from (None: the agents run --plain-http).
+    tls: AgentPKI | None = field(default_factory=session_agent_pki)
 
     def launch(self, pod: PodInfo) -> Launch:
         # What the pod spec's downward API and service account give a real worker container.
@@ -229,14 +282,25 @@ class AgentOptions:
         }
         files = kubeconfig_files(kubeconfig)
         relay = None
-        if self.relay_token is not None and self.relay_username is not None:
+        if self.relay_token is not None:
             token = self.relay_token(pod)
             relay = (str(token), self.relay_username)
             files.append(token)
-        flags = agent_flags(
-            pod.ip, self.source_url, self.initial_version, self.allowed_username, self.extra_args, relay
-        )
         name = f"agent-{pod.name}-{pod.uid[:8]}"
+        tls = None
+        if self.tls is not None:
+            tls = (self.tls.for_pod(pod.namespace, pod.ip, name), self.tls.ca_cert)
+            files += [tls[0].cert, tls[0].key, tls[1]]
+        flags = agent_flags(
+            pod.ip,
+            self.source_url,
+            self.initial_version,
+            self.allowed_username,
+            self.extra_args,
+            relay,
+            tls,
+            audience=agent_audience(pod.namespace),
+        )
         return self.launcher(pod).launch(flags, name, env, files)
 
 
@@ -245,16 +309,19 @@ class Worker:
     name: str
     ip: str
     port: int = AGENT_PORT  # another port when the agent is reached through a port-forward
+    scheme: str = "https"  # http: an agent run with --plain-http
 
     def url(self, path: str) -> str:
-        return f"http://{self.ip}:{self.port}{path}"
+        return f"{self.scheme}://{self.ip}:{self.port}{path}"
 
 
-def ready_workers(runtime: PodRuntime, count: int, token: str, timeout: float = 90.0) -> list[Worker]:
+def ready_workers(
+    runtime: PodRuntime, count: int, token: str, timeout: float = 90.0, scheme: str = "https"
+) -> list[Worker]:
     """Wait until ``count`` agents answer /v1/status; returns them sorted by pod name."""
 
     def answering() -> list[Worker] | None:
-        workers = [Worker(p.pod.name, p.pod.ip) for p in runtime.running().values()]
+        workers = [Worker(p.pod.name, p.pod.ip, scheme=scheme) for p in runtime.running().values()]
         if len(workers) != count:
             return None
         for w in workers:
@@ -331,6 +398,26 @@ def load_calls(worker: Worker, token: str) -> float:
 OPERATOR_PROCESS = ProcessLauncher([*CLI, "operator"])
 
 
+@dataclass(frozen=True)
+class MintedAgentTokens:
+    """The operator mints its agents' tokens, one audience per worker namespace, for this
+    ServiceAccount of its own (--agent-token-serviceaccount; the chart's default). A token file
+    instead is the legacy mode: that one token for every namespace."""
+
+    namespace: str
+    name: str
+
+
+AgentCredential = Path | MintedAgentTokens
+
+
+def agent_credential_args(credential: AgentCredential) -> tuple[list[str], list[Path]]:
+    """The operator's flags for ``credential``, and the files they name."""
+    if isinstance(credential, MintedAgentTokens):
+        return ["--agent-token-serviceaccount", f"{credential.namespace}/{credential.name}"], []
+    return ["--agent-token-file", str(credential)], [credential]
+
+
 class OperatorProcess:
     """`ckpt-rollout operator` that tests can SIGKILL and restart: a child process of the
     checkout by default, or the operator image (``launcher=ContainerLauncher(...)``)."""
@@ -339,17 +426,22 @@ class OperatorProcess:
         self,
         kubeconfig: Path,
         namespace: str,
-        token_file: Path,
+        agent_credential: AgentCredential,
         log_dir: Path,
         extra_args: list[str] | None = None,
         name: str = "operator",
         launcher: Launcher = OPERATOR_PROCESS,
+        agent_ca: Path | None = None,
+        agent_tls: bool = True,
     ) -> None:
+        """``agent_ca``: what agents' certificates must chain to (default: the session's CA);
+        ``agent_tls`` False: agents are called over plain http (--agent-plain-http)."""
+        self.agent_ca = (agent_ca or session_agent_pki().ca_cert) if agent_tls else None
         self.extra_args = extra_args or []
         self.name = name
         self.kubeconfig = kubeconfig
         self.namespace = namespace
-        self.token_file = token_file
+        self.agent_credential = agent_credential
         self.log_dir = log_dir
         self.launcher = launcher
         self.proc: subprocess.Popen[bytes] | None = None
@@ -366,6 +458,7 @@ class OperatorProcess:
         self._liveness_port = PortReservation(1)
         (liveness_port,) = self._liveness_port.ports
         self.liveness_url = f"http://127.0.0.1:{liveness_port}/healthz"
+        credential_args, credential_files = agent_credential_args(self.agent_credential)
         args = [
             "--namespace",
             self.namespace,
@@ -375,14 +468,16 @@ class OperatorProcess:
             str(liveness_port),
             "--metrics-port",
             "0",
-            "--agent-token-file",
-            str(self.token_file),
+            *credential_args,
             # Short, so a hung agent shows up quickly in tests.
             "--agent-timeout",
             "3",
+            *(["--agent-plain-http"] if self.agent_ca is None else ["--agent-ca-file", str(self.agent_ca)]),
             *self.extra_args,
         ]
-        files = [self.token_file, *kubeconfig_files(self.kubeconfig)]
+        files = [*credential_files, *kubeconfig_files(self.kubeconfig)]
+        if self.agent_ca is not None:
+            files.append(self.agent_ca)
         launch = self.launcher.launch(args, self.name, {"KUBECONFIG": str(self.kubeconfig)}, files)
         self._launch = launch
         self.proc = spawn(launch.argv, self.log_path, env=launch.env)
@@ -434,13 +529,13 @@ class OperatorProcess:
 
 @contextmanager
 def operator_with_metrics(
-    kubeconfig: Path, namespace: str, token_file: Path, workdir: Path, args: Sequence[str] = ()
+    kubeconfig: Path, namespace: str, credential: AgentCredential, workdir: Path, args: Sequence[str] = ()
 ) -> Iterator[tuple[OperatorProcess, int]]:
     """An operator serving /metrics on a port held for it (prometheus_client binds it and would
     not report a port 0 it chose); yields it and the port, stops it after the block."""
     with PortReservation(1) as held:
         (port,) = held.ports
-        op = OperatorProcess(kubeconfig, namespace, token_file, workdir, ["--metrics-port", str(port), *args])
+        op = OperatorProcess(kubeconfig, namespace, credential, workdir, ["--metrics-port", str(port), *args])
         op.start()
         try:
             yield op, port

@@ -12,18 +12,20 @@ from typing import NamedTuple
 import pytest
 from kubernetes import client
 
-from ckpt_api.constants import DEFAULT_AGENT_AUDIENCE
+from ckpt_api.constants import agent_audience
 
 from .catalog import build as build_catalog
 from .catalog import model_flags
 from .fixtures import ClusterHandle, PodRuntimeFactory
 from .kubectl import Kubectl
 from .launchers import Launcher
+from .pki import AgentPKI
 from .podruntime import PodInfo, PodRuntime
 from .rollout_env import (
     WORKER_LABEL,
     AgentOptions,
     CheckpointSource,
+    MintedAgentTokens,
     OperatorProcess,
     Rollouts,
     Worker,
@@ -82,8 +84,12 @@ def chart_accounts(
 
 class OperatorIdentity(NamedTuple):
     username: str
-    token_file: Path  # audience-bound to agents: what the operator presents to them
+    # Bound to the audience of the test namespace's agents: what the operator presents to them
+    # (a token it minted, or the legacy --agent-token-file).
+    token_file: Path
     kubeconfig: Path  # the operator's own credential to the apiserver
+    # The operator minting those tokens itself (TokenRequest for its own ServiceAccount).
+    minted: MintedAgentTokens
 
 
 @pytest.fixture
@@ -91,10 +97,16 @@ def operator_identity(
     k8s_api: client.ApiClient, chart_accounts: ChartAccounts, tmp_path: Path
 ) -> OperatorIdentity:
     """The chart's operator ServiceAccount: its name, a token for the agents, a kubeconfig."""
-    token = mint_token(k8s_api, chart_accounts.namespace, OPERATOR_ACCOUNT, [DEFAULT_AGENT_AUDIENCE])
+    namespace = chart_accounts.namespace
+    token = mint_token(k8s_api, namespace, OPERATOR_ACCOUNT, [agent_audience(namespace)])
     path = tmp_path / "agent-token"
     path.write_text(token)
-    return OperatorIdentity(chart_accounts.operator_username, path, chart_accounts.operator_kubeconfig)
+    return OperatorIdentity(
+        chart_accounts.operator_username,
+        path,
+        chart_accounts.operator_kubeconfig,
+        MintedAgentTokens(namespace, OPERATOR_ACCOUNT),
+    )
 
 
 @pytest.fixture
@@ -105,7 +117,7 @@ def operator(
     tmp_path: Path,
 ) -> Iterator[OperatorProcess]:
     proc = OperatorProcess(
-        operator_identity.kubeconfig, namespace, operator_identity.token_file, tmp_path / "operator"
+        operator_identity.kubeconfig, namespace, operator_identity.minted, tmp_path / "operator"
     )
     proc.start()
     yield proc
@@ -124,9 +136,10 @@ class Fleet:
     runtime: PodRuntime
     token: str
     kubectl: Kubectl
+    scheme: str = "https"  # http: agents run with --plain-http
 
     def workers(self, count: int) -> list[Worker]:
-        return ready_workers(self.runtime, count, self.token)
+        return ready_workers(self.runtime, count, self.token, scheme=self.scheme)
 
     def scale(self, replicas: int) -> None:
         self.kubectl.run("scale", f"deployment/{self.name}", f"--replicas={replicas}")
@@ -141,8 +154,9 @@ def fleet_factory(
     chart_accounts: ChartAccounts,
 ) -> Callable[..., Fleet]:
     """``fleet_factory(replicas)`` -> a worker Deployment whose pods run real paddle agents
-    starting on v1 (processes, or what ``agent_launcher(pod)`` picks, e.g. the worker image);
-    waits until every agent answers."""
+    starting on v1 (processes, or what ``agent_launcher(pod)`` picks, e.g. the worker image),
+    serving https with certificates from the session's agent CA (``agent_pki``: another one;
+    ``plain_http``: --plain-http); waits until every agent answers."""
 
     def make(
         replicas: int,
@@ -151,23 +165,34 @@ def fleet_factory(
         big: bool = False,
         extra_args: list[str] | None = None,
         agent_launcher: Callable[[PodInfo], Launcher] | None = None,
+        plain_http: bool = False,
+        agent_pki: AgentPKI | None = None,
+        allowed_username: str | None = None,
     ) -> Fleet:
+        # allowed_username: the allow-list fallback (that user only, the workers reading the
+        # relay) instead of SubjectAccessReview.
         labels = {"app": WORKER_LABEL, "fleet": name}
         kubectl.apply(worker_deployment(name, replicas, labels, WORKER_ACCOUNT))
         options = AgentOptions(
             source_url=checkpoint_source.url,
             initial_version=initial_version,
             kubeconfig=chart_accounts.worker_kubeconfig_for,
+            # Authorized by SubjectAccessReview: what the chart's RBAC grants the operator
+            # (update agents) and the workers (get agents/relay).
             relay_token=chart_accounts.worker_relay_token_for,
-            relay_username=chart_accounts.worker_username,
-            allowed_username=operator_identity.username,
+            allowed_username=allowed_username,
+            relay_username=chart_accounts.worker_username if allowed_username else None,
             extra_args=[*(extra_args or []), *model_flags(big)],
         )
         if agent_launcher is not None:
             options.launcher = agent_launcher
+        if agent_pki is not None:  # serving certificates (and the peers' CA) from another CA
+            options.tls = agent_pki
+        if plain_http:
+            options.tls = None
         runtime = pod_runtime(f"app={WORKER_LABEL},fleet={name}", options.launch)
         token = operator_identity.token_file.read_text()
-        fleet = Fleet(name, labels, runtime, token, kubectl)
+        fleet = Fleet(name, labels, runtime, token, kubectl, "http" if plain_http else "https")
         fleet.workers(replicas)
         return fleet
 

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from ckpt_api.constants import DEFAULT_AGENT_AUDIENCE
+from ckpt_api.constants import agent_audience
 from ckpt_api.vocabulary import INSTANCE_LABEL
 
 from .kubectl import Kubectl
@@ -228,10 +228,14 @@ class ChartAccounts:
     workdir: Path = field(repr=False)
 
     def worker_relay_token_for(self, pod: PodInfo) -> Path:
-        """A token file of the worker account for the agents' audience, bound to ``pod``: what
+        """A token file of the worker account for its namespace's agents, bound to ``pod``: what
         its agent presents to the peers it pulls from (a projected token in a real pod)."""
         token = mint_token(
-            self.api, self.namespace, WORKER_ACCOUNT, [DEFAULT_AGENT_AUDIENCE], pod=(pod.name, pod.uid)
+            self.api,
+            pod.namespace,
+            WORKER_ACCOUNT,
+            [agent_audience(pod.namespace)],
+            pod=(pod.name, pod.uid),
         )
         path = self.workdir / f"relay-token-{pod.name}-{pod.uid[:8]}"
         path.write_text(token)
@@ -240,9 +244,10 @@ class ChartAccounts:
 
     def worker_kubeconfig_for(self, pod: PodInfo) -> Path:
         """A kubeconfig whose token is bound to ``pod``, as its kubelet would project it."""
-        token = mint_token(self.api, self.namespace, WORKER_ACCOUNT, pod=(pod.name, pod.uid))
+        token = mint_token(self.api, pod.namespace, WORKER_ACCOUNT, pod=(pod.name, pod.uid))
         path = self.workdir / f"{WORKER_ACCOUNT}-{pod.name}-{pod.uid[:8]}.kubeconfig"
-        return token_kubeconfig(self.admin_kubeconfig, token, self.worker_username, path)
+        user = service_account_username(pod.namespace, WORKER_ACCOUNT)
+        return token_kubeconfig(self.admin_kubeconfig, token, user, path)
 
     @property
     def operator_username(self) -> str:
@@ -253,31 +258,40 @@ class ChartAccounts:
         return service_account_username(self.namespace, WORKER_ACCOUNT)
 
 
-def chart_settings(namespace: str) -> list[str]:
+def chart_settings(namespace: str, also: Sequence[str] = ()) -> list[str]:
     """The chart's values for an operator run as the harness runs it (`--namespace NS`, and
-    `--lease-namespace NS` under leader election) with its workers in the same namespace."""
+    `--lease-namespace NS` under leader election) with its workers in the same namespace, and
+    in the namespaces ``also`` names (which it then watches too)."""
+    watched = ",".join([namespace, *also])
     return [
         f"serviceAccount.name={OPERATOR_ACCOUNT}",
-        f"watchNamespaces={{{namespace}}}",
+        f"watchNamespaces={{{watched}}}",
         "leaderElection.enabled=true",
         f"leaderElection.leaseNamespace={namespace}",
         "workerRbac.enabled=true",
-        f"workerRbac.namespaces={{{namespace}}}",
+        f"workerRbac.namespaces={{{watched}}}",
         f"workerRbac.serviceAccount.name={WORKER_ACCOUNT}",
     ]
 
 
 @contextmanager
 def chart_accounts(
-    api: client.ApiClient, kubectl: Kubectl, admin_kubeconfig: Path, workdir: Path
+    api: client.ApiClient,
+    kubectl: Kubectl,
+    admin_kubeconfig: Path,
+    workdir: Path,
+    also: Sequence[str] = (),
 ) -> Iterator[ChartAccounts]:
     """The chart's ServiceAccounts and RBAC applied in ``kubectl``'s namespace (its cluster-wide
-    objects deleted after the block), with a kubeconfig for each account."""
+    objects deleted after the block), with a kubeconfig for each account; ``also``: more worker
+    namespaces the operator watches (each gets the worker account and RBAC)."""
     namespace = kubectl.namespace
     assert namespace is not None
     release = release_name(namespace)
-    rendered = render_chart(release, namespace, _RBAC_TEMPLATES, chart_settings(namespace))
-    kubectl.apply(rendered)
+    rendered = render_chart(release, namespace, _RBAC_TEMPLATES, chart_settings(namespace, also))
+    # Objects in several namespaces (each naming its own) go in without a default namespace.
+    applier = Kubectl(kubectl.binary, kubectl.kubeconfig) if also else kubectl
+    applier.apply(rendered)
     try:
         wait_granted(api, [doc for doc in yaml.safe_load_all(rendered) if doc])
 

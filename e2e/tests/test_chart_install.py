@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
+from ckpt_agent.auth import Access, UserInfo, access_review
 from ckpt_api.vocabulary import LEASE_NAME
 from ckpt_e2e.fixtures import ClusterHandle
 from ckpt_e2e.kubectl import Kubectl
@@ -164,6 +165,18 @@ def _can(kube: Kubectl, user: str, verb: str, resource: str, namespace: str | No
     answer = result.stdout.strip()
     assert answer in ("yes", "no"), result.stderr
     return answer == "yes"
+
+
+def _may(kube: Kubectl, user: str, verb: str, resource: str, namespace: str) -> bool:
+    """The SubjectAccessReview an agent asks (ckpt_agent.auth.access_review) about ``resource``
+    of group rollout.ckpt.dev, which no API serves: `kubectl auth can-i` resolves resources by
+    discovery, so it cannot ask this."""
+    kind, _, subresource = resource.partition("/")
+    assert kind == "agents"
+    groups = ("system:serviceaccounts", f"system:serviceaccounts:{user.split(':')[2]}")
+    review = access_review(UserInfo(user, groups=groups), Access(verb, subresource or None), namespace, None)
+    answer = kube.run("create", "-o", "json", "-f", "-", input=json.dumps(review))
+    return bool(json.loads(answer.stdout)["status"].get("allowed"))
 
 
 def _sa(namespace: str, name: str) -> str:
@@ -319,6 +332,16 @@ def test_helm_rbac_for_watched_namespaces_leases_and_workers(
         ]:
             assert _can(kube, operator, verb, resource, workers), (verb, resource)
             assert not _can(kube, operator, verb, resource, elsewhere), (verb, resource, "elsewhere")
+        # What the agents ask SubjectAccessReview before obeying it (no API serves it).
+        for verb in ("get", "update"):
+            assert _may(kube, operator, verb, "agents", workers), verb
+            assert not _may(kube, operator, verb, "agents", elsewhere), (verb, "elsewhere")
+        # It mints its agents' tokens for its own ServiceAccount, and for no other.
+        own = f"{release}-ckpt-rollout"
+        assert _can(kube, operator, "create", "serviceaccounts/token", namespace, own)
+        assert not _can(kube, operator, "create", "serviceaccounts/token", namespace, "default")
+        assert not _can(kube, operator, "create", "serviceaccounts/token", workers, "ckpt-rollout-worker")
+        assert "--agent-token-serviceaccount=" + f"{namespace}/{own}" in pod["spec"]["containers"][0]["args"]
         for verb, resource in [
             ("delete", "checkpointrollouts.rollout.ckpt.dev"),
             ("update", "checkpointrollouts.rollout.ckpt.dev"),
@@ -347,6 +370,12 @@ def test_helm_rbac_for_watched_namespaces_leases_and_workers(
             assert _can(kube, worker, verb, resource, workers), (verb, resource)
             assert not _can(kube, worker, verb, resource, elsewhere), (verb, resource, "elsewhere")
         assert _can(kube, worker, "create", "tokenreviews.authentication.k8s.io", None)
+        assert _can(kube, worker, "create", "subjectaccessreviews.authorization.k8s.io", None)
+        # Peers read each other's relay, and may not control an agent.
+        assert _may(kube, worker, "get", "agents/relay", workers)
+        assert not _may(kube, worker, "get", "agents/relay", elsewhere)
+        assert not _may(kube, worker, "update", "agents", workers)
+        assert not _may(kube, worker, "get", "agents", workers)
         for verb, resource in [
             ("patch", "checkpointrollouts.rollout.ckpt.dev"),
             ("list", "checkpointrollouts.rollout.ckpt.dev"),

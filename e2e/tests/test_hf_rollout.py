@@ -24,6 +24,7 @@ from ckpt_e2e.rollout_env import (
     conditions,
     http_json,
     rollout_spec,
+    urlopen,
 )
 from ckpt_e2e.rollout_fixtures import Fleet
 
@@ -49,7 +50,7 @@ def _relayed(worker: Worker, token: str, version: str, file: str) -> bytes:
     request = urllib.request.Request(
         worker.url(f"/v1/relay/{version}/{file}"), headers={"Authorization": f"Bearer {token}"}
     )
-    with urllib.request.urlopen(request, timeout=10) as resp:
+    with urlopen(request, 10) as resp:
         data: bytes = resp.read()
         return data
 

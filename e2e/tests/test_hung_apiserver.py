@@ -15,9 +15,9 @@ import pytest
 from kubernetes import client
 
 from ckpt_agent.auth import TOKENREVIEW_TIMEOUT_S
-from ckpt_api.constants import DEFAULT_AGENT_AUDIENCE
+from ckpt_api.constants import agent_audience
 from ckpt_e2e.fixtures import ClusterHandle
-from ckpt_e2e.rollout_env import http_json
+from ckpt_e2e.rollout_env import http_json, urlopen
 from ckpt_e2e.rollout_fixtures import Fleet
 from ckpt_e2e.serviceaccounts import OPERATOR_ACCOUNT, mint_token
 
@@ -34,11 +34,11 @@ def test_an_agent_answers_within_its_tokenreview_bound_while_the_apiserver_hangs
     fleet = fleet_factory(1)
     (worker,) = fleet.workers(1)
     # A token the agent has not reviewed yet (its cache would answer a known one).
-    fresh = mint_token(k8s_api, namespace, OPERATOR_ACCOUNT, [DEFAULT_AGENT_AUDIENCE])
+    fresh = mint_token(k8s_api, namespace, OPERATOR_ACCOUNT, [agent_audience(namespace)])
     request = urllib.request.Request(worker.url("/v1/status"), headers={"Authorization": f"Bearer {fresh}"})
     with cluster.local.apiserver_frozen():
         with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(request, timeout=CLIENT_WAIT_S)
+            urlopen(request, CLIENT_WAIT_S)
         assert refused.value.code == 503
         assert refused.value.headers["Retry-After"] == "1"
         body = json.loads(refused.value.read())

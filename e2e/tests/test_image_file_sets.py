@@ -157,6 +157,7 @@ def running_agent(agent_venv: Venv, tmp_path: Path) -> Iterator[tuple[str, str]]
         "0",
         "--auth-token-file",
         str(token_file),
+        "--plain-http",
     ]
     argv = [*agent_venv.command(ROOT / "worker_image" / "Dockerfile"), *flags]
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}

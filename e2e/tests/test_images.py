@@ -261,6 +261,7 @@ def _agent_container(built: Built, args: list[str], token_file: Path, log: Path)
         *_loopback_agent_flags(port),
         "--auth-token-file",
         str(token_file),
+        "--plain-http",
         *args,
     ]
     launch = ContainerLauncher(built.tag).launch(flags, built.name, {}, [token_file])

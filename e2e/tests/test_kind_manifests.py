@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from ckpt_api.constants import agent_audience
 from ckpt_e2e.catalog import model_flags
 from ckpt_e2e.kubectl import Kubectl
 from ckpt_e2e.procs import wait_for
@@ -62,7 +63,9 @@ def test_worker_deployment_is_admitted_and_its_args_parse(kubectl: Kubectl) -> N
     from ckpt_agent.cli import build_parser, config_from_args
 
     settings = ExistingSettings()
-    flags = agent_flags("0.0.0.0", settings.source_uri, "b1", settings.operator_username, model_flags(True))
+    flags = agent_flags(
+        "0.0.0.0", settings.source_uri, "b1", None, model_flags(True), audience=agent_audience("ns")
+    )
     labels = {"app": WORKER_LABEL, "fleet": "workers"}
     deployment = worker_pod_deployment("workers", 3, labels, settings.worker_image, flags)
     _admitted(kubectl, [deployment])
@@ -72,7 +75,8 @@ def test_worker_deployment_is_admitted_and_its_args_parse(kubectl: Kubectl) -> N
     config = config_from_args(args, env={"POD_NAME": "workers-x", "POD_NAMESPACE": "ns"})
     config.validate()
     assert (config.host, config.source, config.initial_version) == ("0.0.0.0", settings.source_uri, "b1")
-    assert config.auth.allowed_usernames == ("system:serviceaccount:ckpt-rollout-system:ckpt-rollout",)
+    assert config.auth.access_review  # the kind install's chart grants the operator
+    assert config.auth.tokenreview_audience == agent_audience("ns")
     assert config.model.hidden == 2048
 
 

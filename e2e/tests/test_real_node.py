@@ -9,7 +9,6 @@ read-only root; the operator's credential to agents is the projected token the c
 
 from __future__ import annotations
 
-import base64
 import json
 import urllib.error
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from ckpt_api.constants import agent_audience
 from ckpt_api.vocabulary import WEIGHTS_READY_CONDITION
 from ckpt_e2e.fixtures import ClusterHandle, fresh_namespace
 from ckpt_e2e.kubectl import Kubectl
@@ -37,7 +37,7 @@ pytestmark = pytest.mark.integration
 
 OPERATOR_UID = 65532  # charts/ckpt-rollout/templates/deployment.yaml
 WORKER_UID = 10001  # examples/worker-deployment.yaml
-AGENT_TOKEN = "/var/run/secrets/ckpt-rollout/agent/token"  # the chart's projected volume
+AGENT_TOKEN_DIR = "/var/run/secrets/ckpt-rollout/agent"  # the chart's legacy projected token
 
 
 def _conditions(pod: dict[str, Any]) -> dict[str, str]:
@@ -53,12 +53,6 @@ def _process(node: RealNode, pod: dict[str, Any]) -> tuple[int, bool]:
         line for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines() if line.split()[4] == "/"
     )
     return uid, "ro" in root.split()[5].split(",")
-
-
-def _jwt_claims(token: str) -> dict[str, Any]:
-    payload = token.split(".")[1]
-    claims: dict[str, Any] = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-    return claims
 
 
 def _endpoints_ready(kubectl: Kubectl, service: str) -> dict[str, bool]:
@@ -237,20 +231,28 @@ def test_chart_operator_rolls_worker_pods_in_place_behind_their_readiness_gate(
     assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in after} == uids
     assert [c["restartCount"] for p in after for c in p["status"]["containerStatuses"]] == [0, 0]
 
-    # The operator's credential is the token the chart projects into its pod: bound to that pod,
-    # for the agents' audience. Agents take it and refuse another account's token for the same
-    # audience.
-    # Read inside the container (kubectl exec: apiserver -> kubelet -> containerd's stream).
-    token = system.run("exec", operator_pod["metadata"]["name"], "--", "cat", AGENT_TOKEN).stdout
-    claims = _jwt_claims(token)
-    assert claims["aud"] == ["ckpt-rollout-agent"]
-    assert claims["sub"] == f"system:serviceaccount:{SYSTEM_NAMESPACE}:ckpt-rollout"
-    assert claims["kubernetes.io"]["pod"]["name"] == operator_pod["metadata"]["name"]
-    assert http_json(workers[0].url("/v1/status"), token=token)["version"] == "v2"
-    other_token = kubectl.run(
-        "create", "token", "ckpt-rollout-worker", "--audience=ckpt-rollout-agent"
-    ).stdout.strip()
+    # The operator's credential: tokens it mints per worker namespace for its own account (no
+    # projected agent token in its pod). Agents take such a token for their namespace, refuse
+    # one for another namespace (401) and another account's for theirs (403: no RBAC grant).
+    container = operator_pod["spec"]["containers"][0]
+    assert f"--agent-token-serviceaccount={SYSTEM_NAMESPACE}/ckpt-rollout" in container["args"]
+    assert all(m["mountPath"] != AGENT_TOKEN_DIR for m in container.get("volumeMounts", []))
+    namespace = kubectl.namespace
+    assert namespace is not None
+
+    def token(account: str, where: Kubectl, audience: str) -> str:
+        return where.run("create", "token", account, f"--audience={audience}").stdout.strip()
+
+    ours = token("ckpt-rollout", system, agent_audience(namespace))
+    assert http_json(workers[0].url("/v1/status"), token=ours)["version"] == "v2"
+    with pytest.raises(urllib.error.HTTPError, match="401"):
+        http_json(
+            workers[0].url("/v1/status"), token=token("ckpt-rollout", system, agent_audience("elsewhere"))
+        )
     with pytest.raises(urllib.error.HTTPError, match="403"):
-        http_json(workers[0].url("/v1/status"), token=other_token)
+        http_json(
+            workers[0].url("/v1/status"),
+            token=token("ckpt-rollout-worker", kubectl, agent_audience(namespace)),
+        )
     operator_now = system.json("get", "pod", operator_pod["metadata"]["name"])
     assert operator_now["status"]["containerStatuses"][0]["restartCount"] == 0

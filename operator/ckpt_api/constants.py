@@ -17,6 +17,22 @@ DEFAULT_AGENT_METRICS_PORT = 8090
 # apiserver must not be replayable against the agents, and vice versa.
 DEFAULT_AGENT_AUDIENCE = "ckpt-rollout-agent"
 
+
+def agent_audience(namespace: str, base: str = DEFAULT_AGENT_AUDIENCE) -> str:
+    """The audience of the token the operator presents to the agents of one worker namespace
+    (an agent runs with `--tokenreview-audience=<base>/$(POD_NAMESPACE)`): a token captured in
+    one namespace is refused by every other namespace's agents."""
+    return f"{base}/{namespace}"
+
+
+# What an agent asks SubjectAccessReview about a caller (kube-rbac-proxy's model), in the agent's
+# own namespace and named after its pod: `get` for reads, `update` for what changes state, and
+# `get` on the subresource for peers reading its relay. No API serves this resource: RBAC rules
+# may name any resource, and the chart's Roles grant it.
+AGENT_RBAC_RESOURCE = "agents"
+AGENT_RELAY_SUBRESOURCE = "relay"
+
+
 # One char class, bounded length, and no path separators: the version is used as a directory
 # name by sources and as a label-ish identifier in status.
 VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"

@@ -7,10 +7,13 @@ A version directory (and the served tree, so any static file server is a source)
     <root>/<version>/<other file>            extra_files: config.json, tokenizer files, the index…
 
 The manifest lists every tensor (name, dtype, shape, file, byte offset, nbytes, xxh3-128) and
-every other file of the version (size, whole-file xxh3-128). Its own sha256, over the exact bytes
-served, is what `spec.source.manifestDigest` pins; an agent always checks the bytes it uses
-against the xxh3-128 the manifest gives for them. Optionally, `reference` holds what the paddle
-reference model answers with these weights (`ReferenceRecord`), for the smoke check after a load.
+every other file of the version (size, whole-file xxh3-128), each also with its sha256 (publishers
+since `sha256` was added write it for every one). Its own sha256, over the exact bytes served, is
+what `spec.source.manifestDigest` pins; an agent checks the bytes it uses against the xxh3-128
+the manifest gives for them, and bytes from a peer against the sha256: a peer chooses the bytes
+it serves, and xxh3 is not collision-resistant, so it alone could let a peer forge a tensor.
+Optionally, `reference` holds what the paddle reference model answers with these weights
+(`ReferenceRecord`), for the smoke check after a load.
 
 Compatibility, for publishers and readers of different ages:
 
@@ -135,6 +138,15 @@ _FILE_NAME_SCHEMA: dict[str, Any] = {
 }
 Count = Annotated[int, Field(ge=0)]
 Xxh3 = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$", description="xxh3-128, 32 lowercase hex digits")]
+# Optional: manifests published before it existed still load (their bytes never come from a peer).
+_Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+Sha256 = Annotated[
+    _Sha256Hex | SkipJsonSchema[None],
+    Field(
+        default=None,
+        description="sha256 of the bytes, 64 lowercase hex digits: what peer bytes are checked against",
+    ),
+]
 
 
 class _Record(BaseModel):
@@ -150,6 +162,7 @@ class TensorRecord(_Record):
     offset: Count = Field(description="first byte, from the start of the file")
     nbytes: Count = Field(description="numel * bits / 8 of its dtype; F4/F6 shapes must fill whole bytes")
     xxh3_128: Xxh3
+    sha256: Sha256
 
 
 class ShardRecord(_Record):
@@ -159,6 +172,7 @@ class ShardRecord(_Record):
 class ExtraFileRecord(_Record):
     size: Count
     xxh3_128: Xxh3 = Field(description="xxh3-128 of the whole file")
+    sha256: Sha256
 
 
 MAX_REFERENCE_OUTPUTS = 4096
@@ -272,6 +286,7 @@ _MUST_BE = {
     "size": "an integer >= 0",
     "total_bytes": "an integer >= 0",
     "xxh3_128": "32 lowercase hex digits",
+    "sha256": "64 lowercase hex digits",
     "shape": f"a list of at most {MAX_RANK} dimensions",
     "files": "an object",
     "extra_files": "an object",

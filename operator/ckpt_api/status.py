@@ -39,6 +39,18 @@ class WorkerStatus(ApiModel):
         Field(ge=0, description="Index in status.waves of the call; one past the last: the rollback"),
     ] = None
     uid: Annotated[str | None, Field(description="UID of the CheckpointRollout that made the call")] = None
+    manifest_digest: Annotated[
+        str | None,
+        Field(description="Digest (sha256:...) of the manifest the pod loaded, in an Updated entry"),
+    ] = None
+    pod_uid: Annotated[
+        str | None,
+        Field(
+            alias="podUID",
+            description="UID of the pod the agent runs in: an entry of an earlier pod of the same name "
+            "is ignored",
+        ),
+    ] = None
 
 
 class AnalysisResult(ApiModel):
@@ -106,6 +118,14 @@ class CheckpointRolloutStatus(ApiModel):
     target_version: str | None = None
     stable_version: str | None = None
     previous_version: str | None = None
+    manifest_digests: Annotated[
+        dict[str, str],
+        Field(
+            description="Manifest digest of the versions a rollback may return to (stableVersion, "
+            "previousVersion) and of the target, as spec.source.manifestDigest pinned it or the agents "
+            "reported it; a rollback is pinned to its version's entry, unpinned when it has none"
+        ),
+    ] = {}
     current_wave: int | None = None
     total_waves: int | None = None
     replicas: int | None = None

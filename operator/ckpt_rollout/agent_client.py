@@ -2,7 +2,6 @@
 with the agent's own wire models (ckpt_api.agent_api)."""
 
 import asyncio
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,27 +9,10 @@ import aiohttp
 from pydantic import ValidationError
 
 from ckpt_api.agent_api import AgentStatus, ErrorBody, UpdateWeightsRequest
+from ckpt_api.tls import ReloadingContext, agent_server_name
 from ckpt_api.vocabulary import ErrorCode
+from ckpt_rollout.agent_tokens import AgentTokens, AgentTokenUnavailable
 from ckpt_rollout.world import agent_url
-
-
-class TokenFile:
-    """A projected service-account token: the kubelet rotates it, so re-read when it changes."""
-
-    def __init__(self, path: str | None) -> None:
-        self._path = path
-        self._mtime = -1.0
-        self._token: str | None = None
-
-    def get(self) -> str | None:
-        if not self._path:
-            return None
-        mtime = os.stat(self._path).st_mtime
-        if mtime != self._mtime:
-            with open(self._path, encoding="utf-8") as fh:
-                self._token = fh.read().strip()
-            self._mtime = mtime
-        return self._token
 
 
 @dataclass(frozen=True)
@@ -71,20 +53,25 @@ class CallResult:
 class AgentClient:
     def __init__(
         self,
-        token: TokenFile,
+        tokens: AgentTokens,
         *,
         timeout_s: float = 10.0,
         connect_attempts: int = 3,
         max_connections: int = 256,
+        ca: ReloadingContext | None = None,
     ) -> None:
-        self._token = token
+        """``ca``: agents serve https with certificates from this CA (--agent-ca-file); None:
+        plain http (--agent-plain-http)."""
+        self._ca = ca
+        self._tokens = tokens
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._attempts = connect_attempts
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
 
-    def _headers(self) -> dict[str, str]:
-        token = self._token.get()
+    async def _headers(self, namespace: str) -> dict[str, str]:
+        # The credential of the pod's own namespace: no other namespace's agents accept it.
+        token = await self._tokens.for_namespace(namespace)
         return {"Authorization": f"Bearer {token}"} if token else {}
 
     async def _ensure(self) -> aiohttp.ClientSession:
@@ -97,19 +84,32 @@ class AgentClient:
         if self._session is not None:
             await self._session.close()
 
-    async def _call(self, method: str, url: str, payload: dict[str, Any] | None) -> CallResult:
+    async def _call(
+        self, method: str, url: str, payload: dict[str, Any] | None, namespace: str
+    ) -> CallResult:
+        try:
+            headers = await self._headers(namespace)
+        except AgentTokenUnavailable as exc:
+            # Nothing was sent: like an agent not listening yet, the step calls again later.
+            return CallResult(0, {}, str(exc), connected=False)
         session = await self._ensure()
         last_error = ""
         # Only failures to connect are retried (bounded, with backoff): once a request may have
         # reached the agent, its answer or its timeout is final, so no update is sent twice.
         for attempt in range(self._attempts):
             try:
-                async with session.request(method, url, json=payload, headers=self._headers()) as resp:
+                async with session.request(
+                    method, url, json=payload, headers=headers, **self._tls_options(namespace)
+                ) as resp:
                     try:
                         body = await resp.json(content_type=None)
                     except (ValueError, aiohttp.ContentTypeError):
                         body = {"message": (await resp.text())[:500]}
                     return CallResult(resp.status, body if isinstance(body, dict) else {"body": body})
+            except aiohttp.ClientConnectorCertificateError as exc:
+                # No retry: a wrong CA or a certificate for another namespace's name stays so;
+                # the worker fails at once with the reason, not after its timeout.
+                return CallResult(0, {}, f"TLS verification of the agent failed: {exc.certificate_error}")
             except aiohttp.ClientConnectorError as exc:
                 last_error = f"cannot connect: {exc}"
                 await asyncio.sleep(0.2 * 2**attempt)
@@ -117,11 +117,24 @@ class AgentClient:
                 return CallResult(0, {}, f"{type(exc).__name__}: {exc}")
         return CallResult(0, {}, last_error or "unreachable", connected=False)
 
-    async def update_weights(self, ip: str, port: int, request: UpdateWeightsRequest) -> CallResult:
-        return await self._call("POST", f"{agent_url(ip, port)}/v1/update_weights", request.to_wire())
+    def _tls_options(self, namespace: str) -> dict[str, Any]:
+        if self._ca is None:
+            return {}
+        # The pod IP is dialled; the certificate must name the namespace's agents.
+        return {"ssl": self._ca.current(), "server_hostname": agent_server_name(namespace)}
 
-    async def status(self, ip: str, port: int) -> CallResult:
-        result = await self._call("GET", f"{agent_url(ip, port)}/v1/status", None)
+    def _url(self, ip: str, port: int, path: str) -> str:
+        return f"{agent_url(ip, port, tls=self._ca is not None)}{path}"
+
+    async def update_weights(
+        self, ip: str, port: int, request: UpdateWeightsRequest, *, namespace: str
+    ) -> CallResult:
+        """``namespace``: the pod's (its CR's), whose agents' token is presented."""
+        url = self._url(ip, port, "/v1/update_weights")
+        return await self._call("POST", url, request.to_wire(), namespace)
+
+    async def status(self, ip: str, port: int, *, namespace: str) -> CallResult:
+        result = await self._call("GET", self._url(ip, port, "/v1/status"), None, namespace)
         if result.status != 200:
             return result
         try:

@@ -32,11 +32,10 @@ from ckpt_rollout.world import parse_time
 
 @dataclass(frozen=True)
 class Ending:
-    """How an analysis ended. failed: the wave is marked Failed and the rollout must fail with
-    ``message``; else (passed or skipped) the wave is Running again, to complete at once."""
+    """How an analysis ended. ``failure``: the wave is marked Failed and the rollout must fail
+    with this message; None (passed or skipped): the wave is Running again, to complete at once."""
 
-    failed: bool
-    message: str
+    failure: str | None
 
 
 def required_measurements(d: Draft) -> int:
@@ -63,7 +62,7 @@ def begin(d: Draft, index: int, *, updated: int, failed: int, gone: int) -> None
         updated=updated,
         failed=failed,
         gone=gone,
-        analysis=AnalysisStatus(started_at=d.now.stamp),
+        analysis=AnalysisStatus(started_at=d.now.stamp),  # pragma: no mutate (the next step would)
     )
     analysis = d.spec.strategy.analysis
     assert analysis is not None  # only called with one
@@ -155,7 +154,7 @@ def _failed(d: Draft, index: int, state: AnalysisStatus, message: str) -> Ending
     )
     d.set_wave(index, phase=WavePhase.FAILED, completed_at=d.now.stamp, analysis=done)
     d.event(EventType.WARNING, EventReason.ANALYSIS_FAILED, message)
-    return Ending(failed=True, message=message)
+    return Ending(failure=message)
 
 
 def _ended(d: Draft, index: int, state: AnalysisStatus, phase: AnalysisPhase, message: str) -> Ending:
@@ -170,4 +169,4 @@ def _ended(d: Draft, index: int, state: AnalysisStatus, phase: AnalysisPhase, me
         EventReason.ANALYSIS_PASSED if passed else EventReason.ANALYSIS_SKIPPED,
         f"{wave_name(d, d.status.waves[index])}: analysis {message}",
     )
-    return Ending(failed=False, message=message)
+    return Ending(failure=None)

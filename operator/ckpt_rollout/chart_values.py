@@ -22,7 +22,7 @@ import textwrap
 from collections.abc import Sequence
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import AfterValidator, BaseModel, Field
@@ -165,19 +165,104 @@ class LeaderElection(ApiModel):
     ] = ""
 
 
+class RbacSubject(ApiModel):
+    kind: Annotated[Literal["ServiceAccount", "User", "Group"], _field("Kind of the subject.")]
+    name: Annotated[str, _field("Its name.", min_length=1, max_length=253)]
+    namespace: Annotated[
+        str, _field("A ServiceAccount's namespace (empty: the worker namespace).", pattern=_NAME_OR_EMPTY)
+    ] = ""
+
+
 class AgentAuth(ApiModel):
     audience: Annotated[
         str,
         _field(
-            "Audience of the projected ServiceAccount token the operator presents to worker agents; "
-            "agents must check tokens for the same audience (--tokenreview-audience).",
+            "Base of the audiences of the tokens the operator presents to worker agents: the agents "
+            "of namespace NS accept AUDIENCE/NS (--tokenreview-audience=AUDIENCE/$(POD_NAMESPACE)).",
             min_length=1,
         ),
     ] = DEFAULT_AGENT_AUDIENCE
+    per_namespace_tokens: Annotated[
+        bool,
+        _field(
+            "The operator mints a token of its own ServiceAccount per worker namespace "
+            "(TokenRequest, audience AUDIENCE/NS), so a token captured in one namespace opens no "
+            "agent in another. false: one projected token for the audience itself, presented to "
+            "every namespace (legacy)."
+        ),
+    ] = True
     token_expiration_seconds: Annotated[
         int,
-        _field("Lifetime of that token; the kubelet refreshes it before it expires.", ge=600, le=86400),
+        _field("Lifetime of those tokens; renewed at 80% of it.", ge=600, le=86400),
     ] = 3600
+    metrics_readers: Annotated[
+        list[RbacSubject],
+        _field(
+            "Who may read the agents' /metrics and /v1/status on their API port (RBAC `get` on "
+            "agents.rollout.ckpt.dev in each worker namespace, which the agents ask "
+            "SubjectAccessReview about); the separate metrics port needs no credential."
+        ),
+    ] = []
+
+
+class IssuerRef(ApiModel):
+    name: Annotated[
+        str, _field("The cert-manager Issuer or ClusterIssuer that signs the agents' certificates.")
+    ] = ""
+    kind: Annotated[
+        Literal["Issuer", "ClusterIssuer"], _field("Issuer (one per worker namespace) or ClusterIssuer.")
+    ] = "ClusterIssuer"
+    group: Annotated[str, _field("The issuer's API group.")] = "cert-manager.io"
+
+
+class AgentTLSCertManager(ApiModel):
+    enabled: Annotated[
+        bool,
+        _field(
+            "Serving certificates from cert-manager: a Certificate per worker namespace, renewed by "
+            "cert-manager (the agents re-read the files: no restart), and one in the release "
+            "namespace whose ca.crt is the issuer's CA, mounted into the operator."
+        ),
+    ] = False
+    issuer_ref: Annotated[
+        IssuerRef, _field("Who signs them (needs a CA that sets ca.crt: CA, Vault, self-signed).")
+    ] = IssuerRef()
+    duration: Annotated[str, _field("Certificate lifetime.", pattern=_DURATION)] = "2160h"
+    renew_before: Annotated[str, _field("Renewal this long before expiry.", pattern=_DURATION)] = "360h"
+
+
+class AgentTLS(ApiModel):
+    enabled: Annotated[
+        bool,
+        _field(
+            "Operator -> agent and agent -> peer traffic over TLS: agents serve a certificate for "
+            "ckpt-rollout-agent.<namespace>.svc (callers dial the pod IP and verify that name). "
+            "false: plain http (--agent-plain-http; agents then run --plain-http)."
+        ),
+    ] = True
+    secret_name: Annotated[
+        str,
+        _field(
+            "The serving Secret in each worker namespace (workerRbac.namespaces; empty: the release "
+            "namespace): tls.crt, tls.key and ca.crt, for the agents' --tls-cert-file, "
+            "--tls-key-file and --peer-ca-file.",
+            pattern=_DNS_SUBDOMAIN,
+            max_length=253,
+        ),
+    ] = "ckpt-rollout-agent-tls"  # noqa: S105 - the name of a Secret, not a secret
+    generate: Annotated[
+        bool,
+        _field(
+            "Without cert-manager: the chart generates a CA and the serving certificates (kept across "
+            "upgrades: read back with lookup). false: you create the Secrets (<fullname>-agent-ca with "
+            "ca.crt in the release namespace, secretName in each worker namespace)."
+        ),
+    ] = True
+    ca_validity_days: Annotated[int, _field("Lifetime of a generated CA.", ge=1)] = 3650
+    cert_validity_days: Annotated[int, _field("Lifetime of a generated serving certificate.", ge=1)] = 365
+    cert_manager: Annotated[AgentTLSCertManager, _field("Certificates from cert-manager instead.")] = (
+        AgentTLSCertManager()
+    )
 
 
 class Analysis(ApiModel):
@@ -425,6 +510,9 @@ class ChartValues(ApiModel):
     service_account: Annotated[ServiceAccount, _field("The operator's ServiceAccount.")] = ServiceAccount()
     rbac: Annotated[Rbac, _field("The operator's RBAC.")] = Rbac()
     agent_auth: Annotated[AgentAuth, _field("How the operator authenticates to worker agents.")] = AgentAuth()
+    agent_tls: Annotated[
+        AgentTLS, Field(alias="agentTLS", description="TLS between the operator, agents and peers.")
+    ] = AgentTLS()
     health_port: Annotated[int, _field("Port of the liveness endpoint (/healthz).", ge=1, le=65535)] = 8080
     log_format: Annotated[
         LogFormat,
@@ -602,6 +690,8 @@ def static_manifest_argv(helm: Path, chart_dir: Path) -> list[str]:
     return [
         str(helm), "template", STATIC_RELEASE, str(chart_dir),
         "--namespace", STATIC_NAMESPACE, "--set", "crds.install=false",
+        # Generated keys would differ on every render (and a committed CA key is no secret).
+        "--set", "agentTLS.generate=false",
         "--kube-version", kube_version_floor(chart_dir),
     ]  # fmt: skip
 
@@ -612,7 +702,10 @@ def render_static_manifest(helm: Path, chart_dir: Path) -> str:
     head = (
         f"# The ckpt-rollout operator for `kubectl apply`, in namespace {STATIC_NAMESPACE}; apply\n"
         "# crds/ first. Generated by `make generate` (helm template of charts/ckpt-rollout with its\n"
-        "# defaults and crds.install=false). Do not edit by hand: set chart values and use helm instead.\n"
+        "# defaults, crds.install=false and agentTLS.generate=false). Do not edit by hand: set chart values\n"
+        "# and use helm instead. Agents serve TLS: create Secret ckpt-rollout-agent-ca (ca.crt) here and\n"
+        "# ckpt-rollout-agent-tls (tls.crt, tls.key, ca.crt; for ckpt-rollout-agent.<ns>.svc) in each\n"
+        "# worker namespace first, e.g. with cert-manager (README.md, Agent TLS).\n"
     )
     return head + rendered
 

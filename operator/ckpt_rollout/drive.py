@@ -10,6 +10,7 @@ from ckpt_api.spec import HealthCheck
 from ckpt_api.status import WorkerStatus
 from ckpt_api.vocabulary import EventReason, EventType, WavePhase, WorkerPhase, WorkerReason, WorkerResult
 from ckpt_rollout.outcomes import Outcome, reported_outcome
+from ckpt_rollout.pinning import learned_digests, pin_for
 from ckpt_rollout.plan import Call, Draft, Measure, Pull
 from ckpt_rollout.world import agent_url
 
@@ -88,6 +89,9 @@ def outcomes(d: Draft, target: Target, called: list[str]) -> dict[str, Outcome]:
         )
         for p in target.members
     }
+    learn_digest(
+        d, target.version, [workers[p].manifest_digest for p, o in result.items() if o is Outcome.UPDATED]
+    )
     for name, outcome in result.items():
         if outcome is not Outcome.FAILED:
             continue
@@ -103,6 +107,22 @@ def outcomes(d: Draft, target: Target, called: list[str]) -> dict[str, Outcome]:
             f"{name}: {entry.reason}: {entry.message or ''}"[:1000],
         )
     return result
+
+
+def learn_digest(d: Draft, version: str, reported: list[str | None]) -> None:
+    """Record the manifest digest the members that loaded ``version`` report, before their
+    entries are folded away: a later rollback to it is pinned to that digest."""
+    status = d.status
+    digests = learned_digests(
+        status.manifest_digests,
+        version=version,
+        reported=reported,
+        spec_version=d.spec.version,
+        spec_pin=d.spec.source.manifest_digest,
+        keep=(d.spec.version, status.target_version, status.stable_version, status.previous_version),
+    )
+    if digests != status.manifest_digests:
+        d.set(manifest_digests=digests)
 
 
 def drive(d: Draft, target: Target) -> tuple[list[str], dict[str, Outcome] | None]:
@@ -202,8 +222,12 @@ def request(
     d: Draft, version: str, wave: int, *, report: bool, rollback: bool = False
 ) -> UpdateWeightsRequest:
     spec, meta = d.spec, d.rollout.meta
-    # The pin is the spec version's: a rollback's previous version has its own manifest.
-    pin = spec.source.manifest_digest if version == spec.version else None
+    pin = pin_for(
+        version,
+        spec_version=spec.version,
+        spec_pin=spec.source.manifest_digest,
+        known=d.status.manifest_digests,
+    )
     return UpdateWeightsRequest(
         version=version,
         verify_checksum=spec.verify_checksum,
@@ -253,7 +277,7 @@ def _plan_calls(d: Draft, target: Target, pods: list[str], *, report: bool) -> N
                     "source": SourceRef(
                         uri=source.uri,
                         manifestDigest=source.manifest_digest,
-                        peer=agent_url(d.rollout.pods[peer].ip, port),
+                        peer=agent_url(d.rollout.pods[peer].ip, port, tls=d.tuning.agent_tls),
                     )
                 }
             )

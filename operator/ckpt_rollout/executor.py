@@ -6,6 +6,7 @@ fallback asks the agent whether it saw the call. What the calls and pulls return
 CR's Memory and reaches status through the next step's Plan."""
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from ckpt_api.vocabulary import WorkerPhase, WorkerReason
 from ckpt_rollout import metrics, promquery
 from ckpt_rollout.agent_client import AgentClient, CallResult
 from ckpt_rollout.drive import failure_entry
+from ckpt_rollout.entry_trust import trusted_status, untrusted_entries
 from ckpt_rollout.kube import RolloutApi
 from ckpt_rollout.machine import decide
 from ckpt_rollout.mergepatch import merge_diff
@@ -50,6 +52,20 @@ def rollout_from(obj: dict[str, Any], pods: list[Pod], peers: list[Peer]) -> Rol
     )
 
 
+def _trusted(rollout: Rollout, memory: Memory) -> Rollout:
+    """The rollout without the worker entries it cannot tie to its pods, each logged once."""
+    ignored = untrusted_entries(rollout.status, {n: p.uid for n, p in rollout.pods.items()})
+    for name, why in ignored.items():
+        if f"{name}: {why}" not in memory.ignored:
+            memory.ignored.add(f"{name}: {why}")
+            log.warning(
+                "%s/%s: ignoring status.workers.%s: %s", rollout.meta.namespace, rollout.meta.name, name, why
+            )
+    return (
+        dataclasses.replace(rollout, status=trusted_status(rollout.status, ignored)) if ignored else rollout
+    )
+
+
 class Reconciler:
     def __init__(self, api: RolloutApi, agents: AgentClient, tuning: Tuning | None = None) -> None:
         self.api = api
@@ -67,6 +83,7 @@ class Reconciler:
         """One step. Returns the CR as last written (or ``obj``) and when to look again
         (None: when the CR or its pods change)."""
         rollout = rollout_from(obj, pods, peers or [])
+        rollout = _trusted(rollout, memory)
         now = Now(wall=time.time(), mono=time.monotonic())
         plan = decide(rollout, memory, self.tuning, now)
         log.debug(
@@ -90,9 +107,9 @@ class Reconciler:
         heard = len(memory.heard) + len(memory.lost)
         probed, measured = memory.probed, memory.measured
         await asyncio.gather(
-            self._calls(plan.calls, memory, rollout.spec.strategy.max_concurrency),
-            self._pulls(plan.pulls, memory, now.stamp),
-            self._probe(plan, memory),
+            self._calls(plan.calls, memory, rollout.spec.strategy.max_concurrency, meta.namespace),
+            self._pulls(plan.pulls, memory, now.stamp, meta.namespace),
+            self._probe(plan, memory, meta.namespace),
             self._measure(plan, memory),
         )
         # A measurement taken is folded in at once (its answers may equal the last ones).
@@ -101,7 +118,7 @@ class Reconciler:
             return obj, 0.0  # something to act on: the next step at once
         return obj, plan.wake_after
 
-    async def _calls(self, calls: list[Call], memory: Memory, concurrency: int) -> None:
+    async def _calls(self, calls: list[Call], memory: Memory, concurrency: int, namespace: str) -> None:
         if not calls:
             return
         sem = asyncio.Semaphore(concurrency)
@@ -109,24 +126,28 @@ class Reconciler:
         async def one(call: Call) -> None:
             async with sem:
                 started = time.monotonic()
-                result = await self.agents.update_weights(call.ip, call.port, call.request)
+                result = await self.agents.update_weights(
+                    call.ip, call.port, call.request, namespace=namespace
+                )
                 metrics.AGENT_CALL_SECONDS.labels("update_weights").observe(time.monotonic() - started)
             record_call(memory, call, result, self.tuning, time.monotonic(), rfc3339(time.time()))
 
         await asyncio.gather(*(one(c) for c in calls))
 
-    async def _pulls(self, pulls: list[Pull], memory: Memory, stamp: str) -> None:
+    async def _pulls(self, pulls: list[Pull], memory: Memory, stamp: str, namespace: str) -> None:
         if not pulls:
             return
-        results = await asyncio.gather(*(self.agents.status(p.ip, p.port) for p in pulls))
+        results = await asyncio.gather(
+            *(self.agents.status(p.ip, p.port, namespace=namespace) for p in pulls)
+        )
         now = time.monotonic()
         for pull, result in zip(pulls, results, strict=True):
             record_pull(memory, pull, result, now, stamp)
 
-    async def _probe(self, plan: Plan, memory: Memory) -> None:
+    async def _probe(self, plan: Plan, memory: Memory, namespace: str) -> None:
         if plan.probe is None:
             return
-        result = await self.agents.status(plan.probe.ip, plan.probe.port)
+        result = await self.agents.status(plan.probe.ip, plan.probe.port, namespace=namespace)
         served = result.agent_status.version if result.agent_status is not None else None
         memory.probed = (plan.probe.pod, served)
 
@@ -188,6 +209,7 @@ def record_pull(memory: Memory, pull: Pull, result: CallResult, now: float, stam
             checksum_verified=result.agent_status.checksum_verified,
             last_transition_time=stamp,
             wave=pull.wave,
+            manifest_digest=result.agent_status.manifest_digest if outcome is Outcome.UPDATED else None,
         )
     elif outcome is Outcome.LOST:
         memory.lost.add(pull.pod)

@@ -9,8 +9,9 @@ import kopf
 
 from ckpt_api.constants import GROUP, PLURAL, VERSION
 from ckpt_api.vocabulary import FINALIZER, KOPF_ANNOTATION_PREFIX, KOPF_DIFFBASE_KEY
-from ckpt_rollout.agent_client import AgentClient, TokenFile
-from ckpt_rollout.config import OperatorConfig
+from ckpt_rollout.agent_client import AgentClient
+from ckpt_rollout.agent_tokens import AgentTokens, NoToken, TokenFile, TokenRequestTokens
+from ckpt_rollout.config import OperatorConfig, agent_ca
 from ckpt_rollout.configmaps import ConfigMapWatch
 from ckpt_rollout.daemon import RolloutLoops
 from ckpt_rollout.executor import Reconciler
@@ -51,12 +52,28 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     api_client = await load_api_client()
     memo.api = RolloutApi(api_client)
     memo.api_client = api_client
-    memo.agents = AgentClient(TokenFile(config.agent_token_file), timeout_s=config.agent_timeout_s)
+    memo.agents = AgentClient(
+        agent_tokens(config, api_client), timeout_s=config.agent_timeout_s, ca=agent_ca(config)
+    )
     memo.reconciler = Reconciler(memo.api, memo.agents, config.tuning)
     memo.pods = PodCache(api_client, config.namespaces, config.watch_server_timeout_s)
     memo.pods_task = asyncio.create_task(memo.pods.run(), name="ckpt-pod-cache")
     memo.configmaps = ConfigMapWatch(api_client, config.watch_server_timeout_s)
     memo.loops = RolloutLoops(memo.api, memo.reconciler, memo.pods, memo.configmaps, config.source_policy)
+
+
+def agent_tokens(config: OperatorConfig, api_client: Any) -> AgentTokens:
+    if config.agent_token_service_account is not None:
+        return TokenRequestTokens(
+            api_client,
+            config.agent_token_service_account,
+            audience_base=config.agent_audience,
+            seconds=config.agent_token_seconds,
+        )
+    if config.agent_token_file:
+        return TokenFile(config.agent_token_file)
+    log.warning("no agent token configured: agents must run with --no-auth")
+    return NoToken()
 
 
 @kopf.on.cleanup()

@@ -42,6 +42,7 @@ from ckpt_rollout import analyzing
 from ckpt_rollout.conditions import Verdict
 from ckpt_rollout.drive import Target, drive, fold_heard, fold_settled
 from ckpt_rollout.outcomes import Outcome
+from ckpt_rollout.pinning import unpinned_note
 from ckpt_rollout.plan import (
     Draft,
     Measure,
@@ -551,8 +552,8 @@ def _complete_wave(d: Draft, index: int, outcomes: dict[str, Outcome]) -> bool:
 def _after_analysis(d: Draft, index: int, ending: analyzing.Ending | None) -> bool:
     if ending is None:
         return False
-    if ending.failed:
-        return _fail(d, RolloutReason.ANALYSIS_FAILED, ending.message)
+    if ending.failure is not None:
+        return _fail(d, RolloutReason.ANALYSIS_FAILED, ending.failure)
     return _run_wave(d, index)
 
 
@@ -604,6 +605,7 @@ def _start_rollback(d: Draft, reason: str, message: str) -> None:
         return
     members = rollback_members(d)
     message = f"{message}; rolling {counted(len(members), 'worker')} back to {previous}"
+    message += unpinned_note(previous, d.status.manifest_digests)
     d.set(
         Verdict(Phase.ROLLING_BACK, reason, message),
         phase=Phase.ROLLING_BACK,

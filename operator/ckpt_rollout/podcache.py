@@ -30,7 +30,7 @@ def running_pod(obj: dict[str, Any]) -> Pod | None:
     ip = status.get("podIP")
     if status.get("phase") != PodPhase.RUNNING or not ip or meta.get("deletionTimestamp"):
         return None
-    return Pod(name=meta["name"], ip=ip, labels=dict(meta.get("labels") or {}))
+    return Pod(name=meta["name"], ip=ip, labels=dict(meta.get("labels") or {}), uid=meta.get("uid") or "")
 
 
 class PodCache:

@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     # kopf.run's parameter type, a NewType of str it does not export.
     from kopf._core.engines.peering import Identity
 
-from ckpt_rollout.config import OperatorConfig, add_operator_arguments, config_from_args
+from ckpt_rollout.config import OperatorConfig, add_operator_arguments, agent_ca, config_from_args
 
 
 def configure_logging(log_format: str) -> None:
@@ -30,6 +30,7 @@ def run_operator(config: OperatorConfig) -> int:
     from ckpt_rollout import handlers  # noqa: F401  (importing registers the kopf handlers)
 
     configure_logging(config.log_format)
+    agent_ca(config)  # a missing TLS choice or an unusable CA stops the start, not the first call
 
     if config.metrics_port:
         from prometheus_client import start_http_server

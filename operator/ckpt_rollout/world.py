@@ -21,10 +21,12 @@ def parse_time(value: str | None) -> float | None:
     return datetime.strptime(value, TIME_FORMAT).replace(tzinfo=UTC).timestamp()
 
 
-def agent_url(ip: str, port: int) -> str:
-    """http://ip:port, with an IPv6 pod IP in brackets (unbracketed, its colons read as a port)."""
+def agent_url(ip: str, port: int, *, tls: bool) -> str:
+    """https://ip:port (http:// without TLS), with an IPv6 pod IP in brackets (unbracketed, its
+    colons read as a port). The pod IP is what is dialled; the certificate is checked for
+    ckpt_api.tls.agent_server_name of the pod's namespace."""
     host = f"[{ip}]" if ":" in ip else ip
-    return f"http://{host}:{port}"
+    return f"{'https' if tls else 'http'}://{host}:{port}"
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class Pod:
     name: str
     ip: str
     labels: Mapping[str, str]
+    uid: str = ""  # "" where unknown (tests that build pods by hand)
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,9 @@ class Tuning:
     # the limit on one measurement's queries.
     prometheus_url: str | None = None
     prometheus_timeout_s: float = 10.0
+    # Agents serve https (the operator verifies them with --agent-ca-file): the peer URLs the
+    # operator hands out say so too. False only with --agent-plain-http.
+    agent_tls: bool = False
 
 
 @dataclass
@@ -102,6 +108,8 @@ class Memory:
     announced: set[str] = field(default_factory=set)  # "pod/version" failures already evented
     # The last analysis measurement: (its Measurement.key, one answer per query), until folded.
     measured: tuple[str, tuple[QueryAnswer, ...]] | None = None
+    # status.workers entries ignored (entry_trust), as "pod: why": each is logged once.
+    ignored: set[str] = field(default_factory=set)
 
     def reset(self) -> None:
         self.call_times.clear()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import shutil
 import time
@@ -110,7 +111,9 @@ def set_extra_files(version_dir: Path, files: dict[str, bytes | None]) -> str:
             extra.pop(name, None)
         else:
             (version_dir / name).write_bytes(content)
-            extra[name] = ExtraFile(name, len(content), xxhash.xxh3_128(content).hexdigest())
+            extra[name] = ExtraFile(
+                name, len(content), xxhash.xxh3_128(content).hexdigest(), hashlib.sha256(content).hexdigest()
+            )
     raw = encode_manifest(replace(manifest, extra_files=extra, format_version=2))
     (version_dir / MANIFEST_NAME).write_bytes(raw)
     return manifest_digest(raw)

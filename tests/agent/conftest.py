@@ -14,7 +14,7 @@ import pytest
 from agent_testkit import SPEC, AgentClient, AgentFactory, Tree
 
 from ckpt_agent.agent import Agent, build_agent
-from ckpt_agent.config import AgentConfig, AuthConfig
+from ckpt_agent.config import AgentConfig, AuthConfig, TLSConfig
 from ckpt_agent.httpserver import AppServer
 from ckpt_agent.serve import create_source_app
 
@@ -74,6 +74,7 @@ async def agent_factory(session: aiohttp.ClientSession) -> AsyncIterator[AgentFa
             port=0,
             model=SPEC,
             auth=AuthConfig(disabled=True),
+            tls=TLSConfig(plain_http=True),  # the TLS tests pass their own
             report=False,
             chunk_bytes=4096,
             metrics_port=None,  # many agents per test: a metrics test asks for port 0

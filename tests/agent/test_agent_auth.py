@@ -10,7 +10,17 @@ from typing import Any
 import pytest
 from agent_testkit import AgentClient, AgentFactory, Tree
 
-from ckpt_agent.auth import AuthDecision, bearer_token, decide_token_review, review_failed
+from ckpt_agent.auth import (
+    Access,
+    AuthDecision,
+    UserInfo,
+    access_for,
+    access_review,
+    bearer_token,
+    decide_access_review,
+    decide_token_review,
+    review_failed,
+)
 from ckpt_agent.config import AgentConfig, AuthConfig, ConfigError
 from ckpt_e2e.procs import PortReservation
 
@@ -115,6 +125,139 @@ def test_token_review_decisions(status: dict[str, Any], code: int) -> None:
     assert decision.reason
 
 
+REVIEWED_USER = {
+    "username": SA,
+    "uid": "u-1",
+    "groups": ["system:serviceaccounts", "system:serviceaccounts:ckpt"],
+    "extra": {"authentication.kubernetes.io/pod-name": ["op-0"]},
+}
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "user"),
+    [
+        ({"authenticated": False, "error": "token expired"}, 401, None),
+        (
+            {"authenticated": True, "audiences": ["ckpt-rollout-agent/other"], "user": REVIEWED_USER},
+            401,
+            None,
+        ),
+        ({"authenticated": True, "audiences": ["ckpt-rollout-agent/rl"], "user": {}}, 403, None),
+        # Any authenticated user passes on to its SubjectAccessReview, with all it is known by.
+        (
+            {"authenticated": True, "audiences": ["ckpt-rollout-agent/rl"], "user": REVIEWED_USER},
+            200,
+            UserInfo(
+                SA,
+                "u-1",
+                ("system:serviceaccounts", "system:serviceaccounts:ckpt"),
+                (("authentication.kubernetes.io/pod-name", ("op-0",)),),
+            ),
+        ),
+        (
+            {
+                "authenticated": True,
+                "audiences": ["ckpt-rollout-agent/rl"],
+                "user": {"username": "system:anonymous"},
+            },
+            200,
+            UserInfo("system:anonymous"),
+        ),
+    ],
+)
+def test_token_review_decisions_for_access_review(
+    status: dict[str, Any], code: int, user: UserInfo | None
+) -> None:
+    decision = decide_token_review(status, "ckpt-rollout-agent/rl", None)
+    assert (decision.status, decision.user) == (code, user)
+    assert decision.reason
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "access"),
+    [
+        ("POST", "/v1/update_weights", Access("update")),
+        ("POST", "/v1/pause", Access("update")),
+        ("POST", "/v1/resume", Access("update")),
+        ("POST", "/v1/infer", Access("update")),  # runs the model: not for a metrics reader
+        ("GET", "/v1/status", Access("get")),
+        ("GET", "/v1/is_paused", Access("get")),
+        ("GET", "/metrics", Access("get")),
+        ("HEAD", "/v1/status", Access("get")),
+        ("get", "/v1/status", Access("get")),
+        ("DELETE", "/v1/status", Access("update")),  # an unknown method is not a read
+        ("GET", "/v1/relay/v2/manifest.json", Access("get", "relay")),
+        ("GET", "/v1/mooncake/v2/segments", Access("get", "relay")),
+        ("POST", "/v1/relay/v2/anything", Access("get", "relay")),  # the relay serves reads only
+    ],
+)
+def test_each_route_needs_one_verb_on_agents(method: str, path: str, access: Access) -> None:
+    assert access_for(method, path) == access
+
+
+def test_an_access_review_names_the_caller_and_this_pod() -> None:
+    user = UserInfo(SA, "u-1", ("g1", "g2"), (("k", ("a", "b")),))
+    assert access_review(user, Access("get", "relay"), "rl", "worker-0") == {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": SA,
+            "uid": "u-1",
+            "groups": ["g1", "g2"],
+            "extra": {"k": ["a", "b"]},
+            "resourceAttributes": {
+                "namespace": "rl",
+                "verb": "get",
+                "group": "rollout.ckpt.dev",
+                "resource": "agents",
+                "subresource": "relay",
+                "name": "worker-0",
+            },
+        },
+    }
+    spec = access_review(UserInfo("u"), Access("update"), "rl", None)["spec"]
+    assert spec == {
+        "user": "u",
+        "groups": [],
+        "resourceAttributes": {
+            "namespace": "rl",
+            "verb": "update",
+            "group": "rollout.ckpt.dev",
+            "resource": "agents",
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("status", "access", "code", "reason"),
+    [
+        ({"allowed": True}, Access("update"), 200, "access review"),
+        ({"allowed": True, "denied": True}, Access("update"), 403, None),
+        (
+            {"allowed": False},
+            Access("update"),
+            403,
+            f"user {SA!r} may not update agents.rollout.ckpt.dev in namespace 'rl'",
+        ),
+        (
+            {"allowed": False, "reason": "no RBAC policy matched"},
+            Access("get", "relay"),
+            403,
+            f"user {SA!r} may not get agents/relay.rollout.ckpt.dev in namespace 'rl' "
+            "(no RBAC policy matched)",
+        ),
+        ({}, Access("get"), 403, f"user {SA!r} may not get agents.rollout.ckpt.dev in namespace 'rl'"),
+    ],
+)
+def test_access_review_decisions(
+    status: dict[str, Any], access: Access, code: int, reason: str | None
+) -> None:
+    decision = decide_access_review(status, UserInfo(SA), access, "rl")
+    assert decision.status == code
+    if reason is not None:
+        assert decision.reason == reason
+
+
 @pytest.mark.parametrize(
     ("http_status", "code", "reason"),
     [
@@ -130,6 +273,18 @@ def test_a_token_review_without_an_answer_is_transient_only_when_the_apiserver_i
     http_status: int | None, code: int, reason: str
 ) -> None:
     assert review_failed(http_status) == AuthDecision(code, reason)
+
+
+@pytest.mark.parametrize(
+    ("http_status", "code", "reason"),
+    [
+        (None, 503, "access review unavailable"),
+        (504, 503, "access review unavailable (HTTP 504)"),
+        (403, 403, "access review refused (HTTP 403)"),  # the agent lacks subjectaccessreviews create
+    ],
+)
+def test_an_access_review_without_an_answer(http_status: int | None, code: int, reason: str) -> None:
+    assert review_failed(http_status, "access review", refused=403) == AuthDecision(code, reason)
 
 
 async def test_an_agent_whose_apiserver_is_away_answers_503_auth_unavailable(
@@ -168,13 +323,42 @@ async def test_an_agent_whose_apiserver_is_away_answers_503_auth_unavailable(
     [
         AuthConfig(),
         AuthConfig(token_file=Path("/t"), disabled=True),
-        AuthConfig(tokenreview_audience="aud"),
         AuthConfig(token_file=Path("/t"), tokenreview_audience="aud", allowed_usernames=(SA,)),
+        AuthConfig(allowed_usernames=(SA,), disabled=True),
     ],
 )
 def test_auth_must_be_chosen_explicitly(auth: AuthConfig) -> None:
     with pytest.raises(ConfigError):
         AgentConfig(auth=auth).validate()
+
+
+@pytest.mark.parametrize(
+    ("auth", "namespace", "message"),
+    [
+        # SubjectAccessReview asks about this pod's namespace: it must be known.
+        (AuthConfig(tokenreview_audience="aud"), None, "set POD_NAMESPACE"),
+        # The relay allow-list belongs to the allow-list fallback; RBAC grants agents/relay.
+        (AuthConfig(tokenreview_audience="aud", relay_usernames=(SA,)), "rl", "agents/relay"),
+    ],
+)
+def test_access_review_mode_needs_its_namespace(
+    auth: AuthConfig, namespace: str | None, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        AgentConfig(auth=auth, pod_namespace=namespace).validate()
+
+
+@pytest.mark.parametrize(
+    ("auth", "access_review"),
+    [
+        (AuthConfig(tokenreview_audience="aud"), True),
+        (AuthConfig(tokenreview_audience="aud", allowed_usernames=(SA,)), False),
+        (AuthConfig(token_file=Path("/t")), False),
+        (AuthConfig(disabled=True), False),
+    ],
+)
+def test_access_review_is_the_default_with_tokenreview(auth: AuthConfig, access_review: bool) -> None:
+    assert auth.access_review is access_review
 
 
 @pytest.mark.parametrize(

@@ -56,6 +56,7 @@ def test_agent_flags_and_pod_identity_from_the_environment() -> None:
             "--apply-mode",
             "streamed",
             "--no-report",
+            "--plain-http",
             "--model-hidden",
             "128",
         ]
@@ -101,7 +102,7 @@ async def test_agent_and_source_as_real_processes(tree: Tree, tmp_path: Path) ->
         _process("serve", str(tree.root), "--port", "0") as (source, source_url),
         _process(
             "agent", "--port", "0", "--metrics-port", "0", "--source", source_url, "--initial-version", "v1",
-            "--auth-token-file", str(token), "--no-report", "--apply-mode", "streamed",
+            "--auth-token-file", str(token), "--plain-http", "--no-report", "--apply-mode", "streamed",
             "--model-hidden", str(SPEC.hidden), "--model-layers", str(SPEC.layers),
         ) as (agent, agent_url),
         aiohttp.ClientSession() as session,
@@ -126,7 +127,7 @@ async def test_agent_and_source_as_real_processes(tree: Tree, tmp_path: Path) ->
 def test_bench_dataplane_reports_every_figure(tmp_path: Path) -> None:
     results = run_dataplane(size_mb=4, tensor_mb=1, chunk_mb=1, repeat=1, workdir=str(tmp_path))
     for key in (
-        "memcpy_gbps", "xxh3_gbps", "tcp_gbps", "file_gbps", "file_verify_gbps", "http_gbps",
+        "memcpy_gbps", "xxh3_gbps", "digests_gbps", "tcp_gbps", "file_gbps", "file_verify_gbps", "http_gbps",
         "http_verify_gbps", "publish_gbps", "file_verify_finite_gbps", "http_verify_finite_gbps",
     ):  # fmt: skip
         assert results[key] > 0, key
@@ -137,5 +138,5 @@ def test_bench_dataplane_reports_every_figure(tmp_path: Path) -> None:
     assert results["peak_extra_rss_mb"] >= 0
     assert set(results["targets_met"]) == {
         "http_ge_half_tcp", "mooncake_verify_ge_half_tcp", "file_ge_half_memcpy", "verify_cost_le_10pct",
-        "rss_within_budget", "publish_ge_0_8_xxh3", "finite_cost_le_10pct",
+        "rss_within_budget", "publish_ge_0_8_xxh3", "publish_ge_0_8_digests", "finite_cost_le_10pct",
     }  # fmt: skip

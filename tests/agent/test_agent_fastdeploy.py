@@ -23,7 +23,7 @@ from ckpt_agent.config import ConfigError
 from ckpt_agent.reporting import DisabledReporter
 
 ROLLOUT = {"namespace": "rl", "name": "fleet", "uid": "u", "wave": 0}
-AGENT_ARGV = ["agent", "--no-auth", "--engine", "fastdeploy"]
+AGENT_ARGV = ["agent", "--no-auth", "--plain-http", "--engine", "fastdeploy"]
 
 
 class RecordingReporter(DisabledReporter):
@@ -292,6 +292,21 @@ async def test_manifest_preflight_refuses_before_pausing(
     status = await client.wait_settled()
     assert (status["version"], status["manifest_digest"]) == ("v2", tree.digests["v2"])
     assert status["bytes_total"] == sum(t["nbytes"] for t in tree.manifest("v2")["tensors"])
+
+
+async def test_a_pinned_version_is_verified_by_fastdeploy_even_unasked(
+    tree: Tree, agent_factory: AgentFactory, fastdeploy: FastDeployStandIn
+) -> None:
+    """The pin covers the manifest; only FastDeploy's own check covers the bytes it pulls."""
+    client = await _agent(agent_factory, fastdeploy, source=tree.file_uri)
+    pinned = {"uri": tree.file_uri, "manifestDigest": tree.digests["v2"]}
+    assert (await client.update("v2", verify_checksum=False, source=pinned))[0] == 202
+    status = await client.wait_settled()
+    assert (status["version"], status["manifest_digest"]) == ("v2", tree.digests["v2"])
+    assert ("update_weights", {"version": "v2", "verify_checksum": True}) in fastdeploy.calls
+    assert (await client.update("v3", verify_checksum=False))[0] == 202
+    await client.wait_settled()
+    assert fastdeploy.calls[-2] == ("update_weights", {"version": "v3", "verify_checksum": False})
 
 
 async def test_a_peer_is_not_used_by_an_engine_that_pulls_by_itself(

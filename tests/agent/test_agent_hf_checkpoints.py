@@ -23,7 +23,7 @@ from vllm_standin import VLLMStandIn
 
 from ckpt_agent.agent import build_agent
 from ckpt_agent.cli import build_parser, config_from_args
-from ckpt_agent.config import AgentConfig, AuthConfig, ConfigError
+from ckpt_agent.config import AgentConfig, AuthConfig, ConfigError, TLSConfig
 from ckpt_agent.dtypes import nbytes_of
 from ckpt_agent.engines.boot_checkpoint import BootCheckpointError
 from ckpt_agent.engines.paddle_tensors import read_bytes, supported_dtypes, tensor_from_bytes
@@ -244,7 +244,13 @@ async def test_a_version_with_a_dtype_paddle_lacks_is_refused_and_the_old_weight
 
 async def test_a_boot_checkpoint_with_a_dtype_paddle_lacks_is_refused_at_start(tmp_path: Path) -> None:
     ckpt = llama_like(tmp_path / "hf", seed=1)  # F8_E8M0 block scales
-    config = AgentConfig(port=0, metrics_port=None, auth=AuthConfig(disabled=True), paddle_weights=ckpt.path)
+    config = AgentConfig(
+        port=0,
+        metrics_port=None,
+        auth=AuthConfig(disabled=True),
+        tls=TLSConfig(plain_http=True),
+        paddle_weights=ckpt.path,
+    )
     with pytest.raises(
         BootCheckpointError, match=r"'model\.layers\.0\.self_attn\.k_proj\.weight_scale_inv' is F8_E8M0"
     ):
@@ -259,6 +265,7 @@ def test_the_agent_command_says_why_it_refuses_boot_weights(
         [
             "agent",
             "--no-auth",
+            "--plain-http",
             "--no-report",
             "--port",
             "0",
@@ -337,7 +344,8 @@ async def test_every_dtype_paddle_lacks_is_refused_naming_tensor_and_dtype(
 
 def test_paddle_weights_is_a_paddle_engine_flag(tmp_path: Path) -> None:
     ckpt = llama_like(tmp_path / "hf", seed=1, scale_dtype="F32")
-    args = build_parser().parse_args(["agent", "--no-auth", "--paddle-weights", str(ckpt.path)])
+    argv = ["agent", "--no-auth", "--plain-http", "--paddle-weights", str(ckpt.path)]
+    args = build_parser().parse_args(argv)
     assert config_from_args(args, {}).paddle_weights == ckpt.path
     for argv, message in (
         (
@@ -346,6 +354,7 @@ def test_paddle_weights_is_a_paddle_engine_flag(tmp_path: Path) -> None:
         ),
         (["--paddle-weights", str(tmp_path / "absent")], "does not exist"),
     ):
-        config = config_from_args(build_parser().parse_args(["agent", "--no-auth", *argv]), {})
+        args = build_parser().parse_args(["agent", "--no-auth", "--plain-http", *argv])
+        config = config_from_args(args, {})
         with pytest.raises(ConfigError, match=message):
             config.validate()

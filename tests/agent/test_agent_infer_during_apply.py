@@ -55,7 +55,7 @@ def agent_url(request: pytest.FixtureRequest, big_tree: Tree, tmp_path: Path) ->
     """A real agent process (paddle engine, the given apply mode) booted on `old`."""
     argv = [
         sys.executable, "-m", "ckpt_agent", "agent", "--host", "127.0.0.1", "--port", "0",
-        "--metrics-port", "0", "--no-auth", "--no-report", "--engine", "paddle",
+        "--metrics-port", "0", "--no-auth", "--plain-http", "--no-report", "--engine", "paddle",
         "--apply-mode", request.param, "--source", big_tree.file_uri, "--initial-version", "old",
         "--model-hidden", str(BIG.hidden), "--model-layers", str(BIG.layers),
         "--model-outputs", str(BIG.outputs),

@@ -25,8 +25,8 @@ def _agent(tmp_path: Path, *flags: str, env: dict[str, str] | None = None) -> li
     """Start an agent (null engine, no auth), stop it once it listens; its output's lines."""
     log = tmp_path / "agent.log"
     proc = spawn(
-        [sys.executable, "-m", "ckpt_agent", "agent", "--engine", "null", "--no-auth", "--no-report",
-         "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0", *flags],
+        [sys.executable, "-m", "ckpt_agent", "agent", "--engine", "null", "--no-auth", "--plain-http",
+         "--no-report", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0", *flags],
         log,
         env={**os.environ, **(env or {})},
     )  # fmt: skip
@@ -63,7 +63,7 @@ def test_the_flag_wins_over_the_environment_and_text_is_the_default(tmp_path: Pa
 
 def test_a_bad_format_is_a_usage_error() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "ckpt_agent", "agent", "--no-auth", "--log-format", "yaml"],
+        [sys.executable, "-m", "ckpt_agent", "agent", "--no-auth", "--plain-http", "--log-format", "yaml"],
         capture_output=True,
         text=True,
         timeout=60,

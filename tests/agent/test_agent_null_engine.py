@@ -69,7 +69,9 @@ async def test_a_load_holds_the_pause_gate_and_keeps_an_operator_pause() -> None
 def test_cli_accepts_the_null_engine() -> None:
     parser = argparse.ArgumentParser()
     add_commands(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["agent", "--engine", "null", "--initial-version", "v1", "--no-auth"])
+    args = parser.parse_args(
+        ["agent", "--engine", "null", "--initial-version", "v1", "--no-auth", "--plain-http"]
+    )
     config = config_from_args(args, env={})
     config.validate()  # no --source needed: the null engine pulls nothing
     assert config.engine == "null"

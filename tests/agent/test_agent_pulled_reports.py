@@ -31,13 +31,21 @@ def test_report_defaults_to_true_and_must_be_a_boolean() -> None:
     assert err.value.field == "rollout.report"
 
 
+POD_UID = "5f1d3c1e-pod-uid"
+
+
 @pytest.fixture
 async def apiserver() -> AsyncIterator[tuple[Any, list[str]]]:
-    """A stand-in apiserver that records the paths of the patches it gets."""
+    """A stand-in apiserver that records the paths of the patches it gets (and the bodies, in
+    `api.bodies`); a pod it is asked to patch has the UID `POD_UID`."""
     patched: list[str] = []
+    bodies: list[Any] = []
 
     async def patch(request: web.Request) -> web.Response:
         patched.append(request.path)
+        bodies.append(await request.json())
+        if request.path.startswith("/api/v1/"):
+            return web.json_response({"kind": "Pod", "metadata": {"name": "worker-0", "uid": POD_UID}})
         return web.json_response({})
 
     app = web.Application()
@@ -48,6 +56,7 @@ async def apiserver() -> AsyncIterator[tuple[Any, list[str]]]:
     await site.start()
     port = runner.addresses[0][1]
     api = client.ApiClient(configuration=client.Configuration(host=f"http://127.0.0.1:{port}"))
+    api.bodies = bodies
     yield api, patched
     await api.close()
     await runner.cleanup()
@@ -84,3 +93,19 @@ async def test_pulled_rollouts_get_no_cr_patch_but_the_pod_condition(
         "/apis/rollout.ckpt.dev/v1alpha1/namespaces/rl/checkpointrollouts/fleet/status",
     ]
     assert reporter.describe()["last"]["version"] == "v2", "/v1/status still shows the last outcome"
+
+
+async def test_entries_carry_the_pod_uid_the_apiserver_gave_for_this_pod(
+    apiserver: tuple[Any, list[str]],
+) -> None:
+    """The operator ignores an entry whose podUID is not its live pod's (an earlier pod of the
+    same name wrote it); the agent learns its UID from its first pod status patch."""
+    api, _ = apiserver
+    reporter = KubeReporter(api, "worker-0", "rl", AgentMetrics())
+    reporter.worker_event(RolloutRef(**REF), _entry())  # before any pod patch: no UID yet
+    reporter.weights_ready(False, "Loading", "loading v2")
+    reporter.worker_event(RolloutRef(**REF), _entry())
+    await reporter.close()
+    entries = [b["status"]["workers"]["worker-0"] for b in api.bodies if "workers" in b.get("status", {})]
+    assert [e["podUID"] for e in entries] == [None, POD_UID]
+    assert reporter.pod_uid == POD_UID

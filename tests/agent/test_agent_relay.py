@@ -103,6 +103,7 @@ async def test_a_peer_serving_corrupted_bytes_cannot_inject_weights(
     assert status["version"] == "v2"
     assert last["fallback_reason"].startswith("ChecksumMismatch")
     assert entry.name in last["fallback_reason"]
+    assert "sha256" in last["fallback_reason"], "peer bytes are checked against the sha256"
     assert last["bytes_from_source"] == _total(tree, "v2")
     # The peer's bytes up to the bad tensor were pulled too, then the whole version again.
     pulled = "ckpt_agent_pulled_bytes_total"

@@ -31,6 +31,7 @@ def _entry(**overrides: Any) -> WorkerStatus:
         "live_version": "global_step_1100",
         "wave": 2,
         "uid": "c0ffee",
+        "manifest_digest": "sha256:" + "d" * 64,
     }
     fields.update(overrides)
     return worker_entry(**fields)
@@ -53,6 +54,8 @@ def test_worker_patch_touches_only_this_pods_entry() -> None:
                     "liveVersion": "global_step_1100",
                     "wave": 2,
                     "uid": "c0ffee",
+                    "manifestDigest": "sha256:" + "d" * 64,
+                    "podUID": None,
                 }
             }
         }

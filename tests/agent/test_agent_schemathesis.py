@@ -83,7 +83,7 @@ def live_agent(tree: Tree, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             sys.executable, "-m", "ckpt_agent", "agent", "--host", "127.0.0.1", "--port", "0",
             "--metrics-port", "0", "--engine", "paddle", "--source", tree.file_uri, "--initial-version", "v1",
             "--auth-token-file", str(token), "--no-report", "--model-hidden", str(SPEC.hidden),
-            "--model-layers", str(SPEC.layers), "--model-outputs", str(SPEC.outputs),
+            "--model-layers", str(SPEC.layers), "--model-outputs", str(SPEC.outputs), "--plain-http",
         ],
         stdout=subprocess.PIPE,
         text=True,

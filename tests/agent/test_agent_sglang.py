@@ -400,7 +400,8 @@ def test_sglang_flags_reach_the_config(tmp_path: Path) -> None:
     key.write_text("k-admin\n")
 
     def config(*flags: str) -> AgentConfig:
-        argv = ["agent", "--no-auth", "--engine", "sglang", "--staging-dir", str(tmp_path / "s"), *flags]
+        argv = ["agent", "--no-auth", "--plain-http", "--engine", "sglang"]
+        argv += ["--staging-dir", str(tmp_path / "s"), *flags]
         parsed: AgentConfig = config_from_args(build_parser().parse_args(argv), {})
         parsed.validate()
         return parsed

@@ -68,7 +68,8 @@ async def test_request_source_and_digest_pin_override_the_default(
     )
     assert code == 202
     status = await client.wait_settled()
-    assert (status["version"], status["source"], status["checksum_verified"]) == ("v3", url, False)
+    # verify_checksum false, but the pin implies verification.
+    assert (status["version"], status["source"], status["checksum_verified"]) == ("v3", url, True)
     assert close_to(await client.infer(), tree.expected("v3"))
 
 

@@ -84,8 +84,23 @@ def test_unknown_fields_from_a_newer_publisher_are_ignored() -> None:
     doc["provenance"] = {"trainer": "x"}
     doc["files"]["a.safetensors"]["sha256"] = "f" * 64
     doc["extra_files"]["config.json"]["mode"] = 420
-    doc["tensors"][0]["sha256"] = "e" * 64
+    doc["tensors"][0]["blake3"] = "e" * 64
     assert _parse(doc) == _parse(_doc())
+
+
+def test_sha256_is_read_when_given_and_optional_for_older_manifests() -> None:
+    doc = _doc()
+    doc["tensors"][0]["sha256"] = "e" * 64
+    doc["extra_files"]["config.json"]["sha256"] = "d" * 64
+    manifest = _parse(doc)
+    assert manifest.tensors[0].sha256 == "e" * 64
+    assert manifest.extra_files["config.json"].sha256 == "d" * 64
+    assert json.loads(encode_manifest(manifest))["tensors"][0]["sha256"] == "e" * 64
+    older = _parse(_doc())
+    assert older.tensors[0].sha256 is None
+    # Absent from what it encodes back to, so an older manifest's bytes (and digest) are unchanged.
+    assert "sha256" not in json.loads(encode_manifest(older))["tensors"][0]
+    assert not older.peer_verifiable
 
 
 def test_a_newer_format_version_is_refused_by_name() -> None:
@@ -111,6 +126,10 @@ def test_format_version_1_without_extra_files_still_reads_and_encodes_back() -> 
         ({"extra_files": {"config.json": {"size": -1, "xxh3_128": "0" * 32}}}, "size must be an integer"),
         ({"extra_files": {"x y.json": {"size": 1, "xxh3_128": "0" * 32}}}, "unsafe extra file name"),
         ({"extra_files": []}, "extra_files must be an object"),
+        (
+            {"extra_files": {"config.json": {"size": 1, "xxh3_128": "0" * 32, "sha256": "F" * 64}}},
+            "sha256 must be 64 lowercase hex",
+        ),
         ({"format_version": "2"}, "unsupported format_version"),
         ({"format_version": True}, "unsupported format_version"),
     ],
@@ -131,8 +150,8 @@ def test_encoding_round_trips_every_field() -> None:
     manifest = Manifest(
         version="v9",
         files={"a.safetensors": 64},
-        tensors=(TensorEntry("w", "F8_E8M0", (4,), "a.safetensors", 8, 4, "1" * 32),),
-        extra_files={"config.json": ExtraFile("config.json", 3, "2" * 32)},
+        tensors=(TensorEntry("w", "F8_E8M0", (4,), "a.safetensors", 8, 4, "1" * 32, "3" * 64),),
+        extra_files={"config.json": ExtraFile("config.json", 3, "2" * 32, "4" * 64)},
     )
     raw = encode_manifest(manifest)
     assert parse_manifest(raw) == manifest

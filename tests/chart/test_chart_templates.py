@@ -31,7 +31,11 @@ OPERATOR_RULES = {
     ("", "events", "patch"),
     ("events.k8s.io", "events", "create"),
     ("events.k8s.io", "events", "patch"),
+    # What the agents ask SubjectAccessReview before obeying the operator.
+    ("rollout.ckpt.dev", "agents", "get"),
+    ("rollout.ckpt.dev", "agents", "update"),
 }
+AGENT_TOKEN_RULES = {("", "serviceaccounts/token", "create")}
 LEASE_RULES = {
     ("coordination.k8s.io", "leases", "get"),
     ("coordination.k8s.io", "leases", "create"),
@@ -43,8 +47,12 @@ WORKER_RULES = {
     ("rollout.ckpt.dev", "checkpointrollouts/status", "patch"),
     ("", "pods", "get"),
     ("", "pods/status", "patch"),
+    ("rollout.ckpt.dev", "agents/relay", "get"),  # peers read each other's relay
 }
-TOKENREVIEW_RULES = {("authentication.k8s.io", "tokenreviews", "create")}
+TOKENREVIEW_RULES = {
+    ("authentication.k8s.io", "tokenreviews", "create"),
+    ("authorization.k8s.io", "subjectaccessreviews", "create"),
+}
 
 EVERYTHING_ON: Obj = {
     "watchNamespaces": ["team-a", "team-b"],
@@ -108,6 +116,12 @@ def test_default_objects(helm: Helm) -> None:
         ("ClusterRoleBinding", "rel-ckpt-rollout"),
         ("CustomResourceDefinition", "checkpointrollouts.rollout.ckpt.dev"),
         ("Deployment", "rel-ckpt-rollout"),
+        ("Role", "rel-ckpt-rollout-agent-tokens"),
+        ("RoleBinding", "rel-ckpt-rollout-agent-tokens"),
+        # agentTLS: the agents' serving Secret (the release namespace is the worker one by
+        # default) and the generated CA the operator trusts.
+        ("Secret", "ckpt-rollout-agent-tls"),
+        ("Secret", "rel-ckpt-rollout-agent-ca"),
         ("ServiceAccount", "rel-ckpt-rollout"),
     ]
     for obj in rendered.objects:
@@ -152,8 +166,10 @@ def test_operator_probes_args_env_and_ports(helm: Helm) -> None:
         "--all-namespaces",
         "--liveness-port=8080",
         "--metrics-port=9090",
-        "--agent-token-file=/var/run/secrets/ckpt-rollout/agent/token",
+        "--agent-token-serviceaccount=ops/rel-ckpt-rollout",
+        "--agent-token-seconds=3600",
         "--agent-audience=ckpt-rollout-agent",
+        "--agent-ca-file=/var/run/secrets/ckpt-rollout/agent-ca/ca.crt",
         "--log-format=text",
     ]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -171,8 +187,33 @@ def test_log_format_reaches_the_operator_and_a_typo_fails_the_install(helm: Helm
     assert "logFormat" in error, error
 
 
-def test_agent_token_is_a_projected_token_for_the_agent_audience(helm: Helm) -> None:
-    rendered = helm.template()
+def test_agent_tokens_are_minted_for_the_operators_own_account_only(helm: Helm) -> None:
+    """Per-namespace tokens (the default): the operator may create tokens of its own
+    ServiceAccount and of no other, and mounts no agent token."""
+    rendered = helm.template({"agentAuth": {"tokenExpirationSeconds": 900}})
+    role = rendered.one("Role", "rel-ckpt-rollout-agent-tokens", "ops")
+    assert rule_set(role["rules"]) == AGENT_TOKEN_RULES
+    assert [r["resourceNames"] for r in role["rules"]] == [["rel-ckpt-rollout"]]
+    binding = rendered.one("RoleBinding", "rel-ckpt-rollout-agent-tokens", "ops")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rel-ckpt-rollout", "namespace": "ops"}]
+    args = _operator(rendered)["args"]
+    assert "--agent-token-seconds=900" in args
+    assert not any(a.startswith("--agent-token-file") for a in args)
+    assert "agent-token" not in [v["name"] for v in _pod_spec(rendered)["volumes"]]
+    assert "agent-token" not in [m["name"] for m in _operator(rendered)["volumeMounts"]]
+    other = helm.template({"serviceAccount": {"create": False, "name": "ops-sa"}})
+    assert other.one("Role", "rel-ckpt-rollout-agent-tokens", "ops")["rules"][0]["resourceNames"] == [
+        "ops-sa"
+    ]
+    assert "--agent-token-serviceaccount=ops/ops-sa" in _operator(other)["args"]
+
+
+def test_legacy_agent_token_is_a_projected_token_for_the_agent_audience(helm: Helm) -> None:
+    rendered = helm.template({"agentAuth": {"perNamespaceTokens": False}})
+    assert all("agent-tokens" not in name for _, name in rendered.kinds())
+    assert not any(a.startswith("--agent-token-serviceaccount") for a in _operator(rendered)["args"])
+    assert "--agent-token-file=/var/run/secrets/ckpt-rollout/agent/token" in _operator(rendered)["args"]
     pod = _pod_spec(rendered)
     container = _operator(rendered)
     mount = next(
@@ -238,12 +279,13 @@ def test_watch_namespaces_gives_one_role_per_namespace_and_no_cluster_role(helm:
 
 def test_leader_election_adds_a_lease_role_and_rolling_updates(helm: Helm) -> None:
     rendered = helm.template({"leaderElection": {"enabled": True}, "replicaCount": 2})
-    lease_role = rendered.one("Role", namespace="ops")
+    lease_role = rendered.one("Role", "rel-ckpt-rollout-leader-election", "ops")
     assert rule_set(lease_role["rules"]) == LEASE_RULES
     # get/update only on the operator's own Lease (create cannot be limited by name).
     named = {(v, tuple(r.get("resourceNames", []))) for r in lease_role["rules"] for v in r["verbs"]}
     assert named == {("create", ()), ("get", (LEASE_NAME,)), ("update", (LEASE_NAME,))}
-    assert rendered.one("RoleBinding", namespace="ops")["roleRef"]["name"] == lease_role["metadata"]["name"]
+    lease_binding = rendered.one("RoleBinding", "rel-ckpt-rollout-leader-election", "ops")
+    assert lease_binding["roleRef"]["name"] == lease_role["metadata"]["name"]
     assert rule_set(rendered.one("ClusterRole")["rules"]) == OPERATOR_RULES  # leases stay namespaced
     args = _operator(rendered)["args"]
     assert "--leader-election" in args
@@ -320,8 +362,36 @@ def test_service_monitor_needs_the_service(helm: Helm) -> None:
 
 def test_worker_rbac_is_opt_in(helm: Helm) -> None:
     rendered = helm.template()
-    assert not any("worker" in name for _, name in rendered.kinds())
-    assert rendered.of_kind("Role") == []
+    assert not any("worker" in name or "reader" in name for _, name in rendered.kinds())
+    assert [r["metadata"]["name"] for r in rendered.of_kind("Role")] == ["rel-ckpt-rollout-agent-tokens"]
+
+
+def test_metrics_readers_may_get_agents_in_each_worker_namespace(helm: Helm) -> None:
+    readers = [
+        {"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"},
+        {"kind": "ServiceAccount", "name": "scraper"},  # the worker namespace's own
+        {"kind": "Group", "name": "sre"},
+    ]
+    rendered = helm.template(
+        {
+            "workerRbac": {"enabled": True, "namespaces": ["rl-a", "rl-b"]},
+            "agentAuth": {"metricsReaders": readers},
+        }
+    )
+    for ns in ("rl-a", "rl-b"):
+        role = rendered.one("Role", "rel-ckpt-rollout-agent-reader", ns)
+        assert rule_set(role["rules"]) == {("rollout.ckpt.dev", "agents", "get")}
+        binding = rendered.one("RoleBinding", "rel-ckpt-rollout-agent-reader", ns)
+        assert binding["roleRef"]["name"] == role["metadata"]["name"]
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"},
+            {"kind": "ServiceAccount", "name": "scraper", "namespace": ns},
+            {"kind": "Group", "name": "sre", "apiGroup": "rbac.authorization.k8s.io"},
+        ]
+    plain = helm.template({"workerRbac": {"enabled": True}})
+    assert all("reader" not in name for _, name in plain.kinds())
+    error = helm.template_error({"agentAuth": {"metricsReaders": [{"kind": "Robot", "name": "x"}]}})
+    assert "metricsReaders" in error, error
 
 
 def test_worker_rbac_grants_exactly_what_the_agent_needs(helm: Helm) -> None:
@@ -415,7 +485,7 @@ def test_worker_rbac_defaults_to_the_release_namespace_and_an_existing_account(h
         {"workerRbac": {"enabled": True, "serviceAccount": {"create": False, "name": "my-workers"}}}
     )
     assert [o["metadata"]["name"] for o in rendered.of_kind("ServiceAccount")] == ["rel-ckpt-rollout"]
-    binding = rendered.one("RoleBinding", namespace="ops")
+    binding = rendered.one("RoleBinding", "rel-ckpt-rollout-worker-agent", "ops")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "my-workers", "namespace": "ops"}]
 
 
@@ -449,7 +519,9 @@ def test_existing_service_account(helm: Helm) -> None:
 
 def test_rbac_create_false_renders_no_operator_rbac(helm: Helm) -> None:
     rendered = helm.template({"rbac": {"create": False}})
-    assert rendered.of_kind("ClusterRole") == rendered.of_kind("Role") == []
+    assert (
+        rendered.of_kind("ClusterRole") == rendered.of_kind("Role") == rendered.of_kind("RoleBinding") == []
+    )
 
 
 def test_names_follow_overrides(helm: Helm) -> None:

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from chart_render import CHART, ROOT, Helm, Obj
 
-from ckpt_api.constants import DEFAULT_AGENT_AUDIENCE, DEFAULT_AGENT_METRICS_PORT, DEFAULT_AGENT_PORT
+from ckpt_api.constants import DEFAULT_AGENT_METRICS_PORT, DEFAULT_AGENT_PORT, agent_audience
 from ckpt_api.spec import CheckpointRolloutSpec
 from ckpt_api.vocabulary import WEIGHTS_READY_CONDITION
 from ckpt_rollout.chart_values import STATIC_NAMESPACE, STATIC_RELEASE, ChartValues
@@ -61,14 +61,25 @@ def test_worker_example_is_wired_for_the_agent() -> None:
     flags = _flags(container["args"])
     assert flags["port"] == str(DEFAULT_AGENT_PORT)
     assert container["ports"][0]["containerPort"] == DEFAULT_AGENT_PORT
-    assert flags["tokenreview-audience"] == DEFAULT_AGENT_AUDIENCE == ChartValues().agent_auth.audience
+    # The operator's per-namespace audience, for the namespace the agent runs in.
+    assert flags["tokenreview-audience"] == agent_audience(
+        "$(POD_NAMESPACE)", ChartValues().agent_auth.audience
+    )
 
 
-def test_worker_example_trusts_the_operator_of_the_documented_install(helm: Helm) -> None:
-    rendered = helm.template(release=STATIC_RELEASE, namespace=STATIC_NAMESPACE)
-    account = rendered.one("ServiceAccount")["metadata"]
-    operator = f"system:serviceaccount:{account['namespace']}:{account['name']}"
-    assert _flags(_worker_container()["args"])["allowed-usernames"] == operator
+def test_worker_example_authorizes_by_rbac_and_its_relay_token_is_for_its_namespace(helm: Helm) -> None:
+    """No allow-list: SubjectAccessReview decides, by what the chart grants. The example is
+    for namespace rl: its peers' token is for rl's agents."""
+    flags = _flags(_worker_container()["args"])
+    assert "allowed-usernames" not in flags
+    assert "relay-allowed-usernames" not in flags
+    pod = _one(EXAMPLES / "worker-deployment.yaml", "Deployment")["spec"]["template"]["spec"]
+    relay = next(v for v in pod["volumes"] if v["name"] == "relay-token")
+    (source,) = relay["projected"]["sources"]
+    assert source["serviceAccountToken"]["audience"] == agent_audience("rl")
+    assert flags["relay-token-file"].startswith(
+        next(m["mountPath"] for m in _worker_container()["volumeMounts"] if m["name"] == "relay-token")
+    )
 
 
 def _argocd() -> Obj:
@@ -116,7 +127,8 @@ def test_worker_example_args_parse_with_the_agent_cli() -> None:
     args = build_parser().parse_args(["agent", *_worker_container()["args"]])
     assert args.port == DEFAULT_AGENT_PORT
     assert args.engine == "paddle"
-    assert args.tokenreview_audience == DEFAULT_AGENT_AUDIENCE
+    assert args.tokenreview_audience == agent_audience("$(POD_NAMESPACE)")
+    assert args.allowed_usernames is None
 
 
 def test_worker_example_runs_as_the_worker_images_user() -> None:

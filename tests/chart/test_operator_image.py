@@ -49,7 +49,9 @@ def test_the_operator_cli_accepts_the_charts_args(helm: Helm, values: Obj) -> No
     container = helm.template(values).one("Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert "command" not in container  # the image's entrypoint `ckpt-rollout operator` runs
     args = build_parser().parse_args(["operator", *container["args"]])
-    assert args.agent_token_file == "/var/run/secrets/ckpt-rollout/agent/token"
+    # The operator mints its agents' tokens for its own ServiceAccount (the chart's default).
+    assert args.agent_token_serviceaccount == ("ops", "rel-ckpt-rollout")
+    assert args.agent_token_file is None
     assert args.agent_audience == "ckpt-rollout-agent"
     assert args.liveness_port == 8080
     assert args.metrics_port == 9090

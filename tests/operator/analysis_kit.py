@@ -150,7 +150,7 @@ def fails_at_once(id_: str, answer: QueryAnswer, message: str) -> Case:
         observed=(
             (AnalysisPhase.FAILED, 1, 1, STAMP),
             f"wave 1/2: analysis failed: query errors {message}; 1 failed measurement > failureLimit 0; "
-            "rolling 1 worker back to v1",
+            "rolling 1 worker back to v1, unpinned: no manifest digest of v1 is recorded",
         ),
     )
 

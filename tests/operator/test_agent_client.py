@@ -3,7 +3,9 @@ parses them, /v1/status comes back parsed, and a body that is not one counts as 
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +19,8 @@ from ckpt_api.agent_api import (
     SourceRef,
     UpdateWeightsRequest,
 )
-from ckpt_rollout.agent_client import AgentClient, TokenFile
+from ckpt_rollout.agent_client import AgentClient
+from ckpt_rollout.agent_tokens import AgentTokenUnavailable, NoToken, TokenFile
 from ckpt_rollout.world import agent_url
 
 DIGEST = "sha256:" + "ab" * 32
@@ -47,7 +50,7 @@ async def agent() -> AsyncIterator[tuple[list[Any], Callable[[str, Handler], Non
 
 @pytest.fixture
 async def client() -> AsyncIterator[AgentClient]:
-    c = AgentClient(TokenFile(None), timeout_s=5, connect_attempts=1)
+    c = AgentClient(NoToken(), timeout_s=5, connect_attempts=1)
     yield c
     await c.close()
 
@@ -70,7 +73,7 @@ async def test_update_request_goes_out_as_the_agent_parses_it(
         source=SourceRef(uri="http://src:8000", manifestDigest=DIGEST),
         rollout=RolloutRef(namespace="rl", name="fleet", uid="u-1", wave=2, report=False),
     )
-    result = await client.update_weights("127.0.0.1", port, request)
+    result = await client.update_weights("127.0.0.1", port, request, namespace="rl")
 
     assert result.accepted
     assert received == [
@@ -96,7 +99,7 @@ async def test_status_comes_back_parsed(
     )
     # A newer agent's extra field is ignored rather than refused.
     route("/v1/status", _reply({**sent.to_wire(), "added_later": 1}))
-    result = await client.status("127.0.0.1", port)
+    result = await client.status("127.0.0.1", port, namespace="rl")
 
     assert result.accepted
     assert result.agent_status == sent
@@ -112,7 +115,7 @@ async def test_a_status_body_that_is_no_agent_status_is_no_answer(
 ) -> None:
     _, route, port = agent
     route("/v1/status", _reply(body))
-    result = await client.status("127.0.0.1", port)
+    result = await client.status("127.0.0.1", port, namespace="rl")
 
     assert not result.accepted
     assert result.agent_status is None
@@ -125,19 +128,72 @@ async def test_error_bodies_are_read_with_the_model(
     _, route, port = agent
     busy = ErrorBody(error="LoadInProgress", message="a load of v3 is running", target="v3")
     route("/v1/update_weights", _reply(busy.to_wire(), 409))
-    result = await client.update_weights("127.0.0.1", port, UpdateWeightsRequest(version="v2"))
+    result = await client.update_weights(
+        "127.0.0.1", port, UpdateWeightsRequest(version="v2"), namespace="rl"
+    )
 
     assert result.busy
     assert result.error_body() == busy
     route("/v1/update_weights", _reply({"detail": "bad gateway"}, 502))
-    result = await client.update_weights("127.0.0.1", port, UpdateWeightsRequest(version="v2"))
+    result = await client.update_weights(
+        "127.0.0.1", port, UpdateWeightsRequest(version="v2"), namespace="rl"
+    )
     assert result.error_body() is None
 
 
 @pytest.mark.parametrize(
-    ("ip", "url"), [("10.1.2.3", "http://10.1.2.3:8089"), ("fd00::1", "http://[fd00::1]:8089")]
+    ("ip", "tls", "url"),
+    [
+        ("10.1.2.3", True, "https://10.1.2.3:8089"),
+        ("fd00::1", True, "https://[fd00::1]:8089"),
+        ("10.1.2.3", False, "http://10.1.2.3:8089"),
+        ("fd00::1", False, "http://[fd00::1]:8089"),
+    ],
 )
-def test_agent_urls_bracket_ipv6_pod_ips(ip: str, url: str) -> None:
-    assert agent_url(ip, 8089) == url
+def test_agent_urls_bracket_ipv6_pod_ips(ip: str, tls: bool, url: str) -> None:
+    assert agent_url(ip, 8089, tls=tls) == url
     # Also a peer the agent accepts (the relay source of later waves).
     assert SourceRef(uri="file:///x", peer=url).peer == url
+
+
+class _PerNamespace:
+    """Tokens the way TokenRequestTokens hands them out: one per namespace, or none to be had."""
+
+    async def for_namespace(self, namespace: str) -> str:
+        if namespace == "away":
+            raise AgentTokenUnavailable("TokenRequest failed: HTTP 503")
+        return f"token-of-{namespace}"
+
+
+async def test_the_token_presented_is_the_one_of_the_namespace_called(
+    agent: tuple[list[Any], Callable[[str, Handler], None], int],
+) -> None:
+    _, route, port = agent
+    seen: list[str | None] = []
+
+    async def status(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization"))
+        return web.json_response(AgentStatus(version="v1", state="idle").to_wire())
+
+    route("/v1/status", status)
+    client = AgentClient(_PerNamespace(), timeout_s=5, connect_attempts=1)
+    try:
+        await client.status("127.0.0.1", port, namespace="team-a")
+        await client.status("127.0.0.1", port, namespace="team-b")
+        unavailable = await client.status("127.0.0.1", port, namespace="away")
+    finally:
+        await client.close()
+
+    assert seen == ["Bearer token-of-team-a", "Bearer token-of-team-b"], "nothing sent without a token"
+    assert (unavailable.status, unavailable.connected) == (0, False)
+    assert "HTTP 503" in unavailable.error
+
+
+async def test_a_token_file_is_re_read_when_it_changes(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    path.write_text("first\n")
+    tokens = TokenFile(str(path))
+    assert await tokens.for_namespace("a") == await tokens.for_namespace("b") == "first"
+    path.write_text("second")
+    os.utime(path, (1, 1))
+    assert await tokens.for_namespace("a") == "second"

@@ -38,7 +38,9 @@ class Agents:
         self.most = 0
         self.called_before_recorded: list[str] = []
 
-    async def update_weights(self, ip: str, port: int, request: UpdateWeightsRequest) -> CallResult:
+    async def update_weights(
+        self, ip: str, port: int, request: UpdateWeightsRequest, *, namespace: str
+    ) -> CallResult:
         name = f"w-{int(ip.rsplit('.', 1)[1]) - 1:03d}"
         called = {p for w in (self.api.obj.get("status") or {}).get("waves", []) for p in w.get("called", [])}
         if name not in called:
@@ -53,7 +55,7 @@ class Agents:
             return CallResult(503, {"error": "AuthUnavailable", "message": "token review unavailable"})
         return CallResult(self.answer, {"accepted": True, "version": request.version})
 
-    async def status(self, ip: str, port: int) -> CallResult:
+    async def status(self, ip: str, port: int, *, namespace: str) -> CallResult:
         status = AgentStatus(version="v1", state=AgentState.IDLE)
         return CallResult(200, status.to_wire(), agent_status=status)
 

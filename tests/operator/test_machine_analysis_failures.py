@@ -181,7 +181,8 @@ CASES = [
         observed=(
             (AnalysisPhase.FAILED, 0, 0),
             "wave 1/2: analysis failed: no Prometheus address: set spec.strategy.analysis.prometheusAddress "
-            "or the operator's --prometheus-url; rolling 1 worker back to v1",
+            "or the operator's --prometheus-url; rolling 1 worker back to v1, "
+            "unpinned: no manifest digest of v1 is recorded",
         ),
     ),
 ]

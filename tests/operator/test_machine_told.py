@@ -58,9 +58,11 @@ _CANARY_FAILED = f"{CANARY}: ChecksumMismatch: ChecksumMismatch v2"
 _OVER_BUDGET = (
     f"wave 1/2: worker {CANARY} failed (ChecksumMismatch: ChecksumMismatch v2); 1 failed > budget 0"
 )
+# Rollbacks in these rows return to v1, whose manifest digest no status records.
+_UNPINNED = ", unpinned: no manifest digest of v1 is recorded"
 _TIMED_OUT = (
     f"wave 1/2: worker {CANARY} failed (WorkerTimeout: no outcome within 600s); 1 failed > budget 0; "
-    "rolling 1 worker back to v1"
+    f"rolling 1 worker back to v1{_UNPINNED}"
 )
 _SHRUNK = (
     f"wave 2/2: worker {CANARY} failed in an earlier wave (ChecksumMismatch: ChecksumMismatch v2); "
@@ -328,13 +330,13 @@ TOLD: dict[str, Told] = {
         [(Measure.WORKERS, 1, ROLLED_BACK), (Measure.ROLLOUT_SECONDS, 60, Phase.ROLLED_BACK)],
     ),
     "abort-rolls-the-called-pods-back": Told(
-        [(W, R.ROLLBACK_STARTED, "aborted by user; rolling 4 workers back to v1")],
-        "aborted by user; rolling 4 workers back to v1",
+        [(W, R.ROLLBACK_STARTED, f"aborted by user; rolling 4 workers back to v1{_UNPINNED}")],
+        f"aborted by user; rolling 4 workers back to v1{_UNPINNED}",
         RolloutReason.ABORTED,
     ),
     "aborting-a-paused-rollout-ends-its-pause": Told(
-        [(W, R.ROLLBACK_STARTED, "aborted by user; rolling 1 worker back to v1")],
-        "aborted by user; rolling 1 worker back to v1",
+        [(W, R.ROLLBACK_STARTED, f"aborted by user; rolling 1 worker back to v1{_UNPINNED}")],
+        f"aborted by user; rolling 1 worker back to v1{_UNPINNED}",
         RolloutReason.ABORTED,
     ),
     "abort-with-no-previous-version-fails-saying-so": Told(

@@ -147,6 +147,18 @@ CASES = [
         observed={f"http://10.0.0.{PODS.index(CANARY) + 1}:8089"},
     ),
     Case(
+        "with-agent-tls-the-peer-handed-out-is-https",
+        rollout(progressing(wave(0, [CANARY]), workers={CANARY: entry("v2", "Updated")})),
+        State.ADVANCE,
+        Phase.PROGRESSING,
+        calls=REST,
+        events=[EventReason.WAVE_COMPLETED, EventReason.WAVE_STARTED],
+        wake=TUNING.pull_after_s,
+        tuning=Tuning(agent_tls=True),
+        observe=lambda p: {c.request.source.peer for c in p.calls if c.request.source},
+        observed={f"https://10.0.0.{PODS.index(CANARY) + 1}:8089"},
+    ),
+    Case(
         "every-call-of-the-spec-version-carries-its-digest-and-checksum-flag-relayed-or-not",
         rollout(
             progressing(wave(0, [CANARY]), workers={CANARY: entry("v2", "Updated")}),

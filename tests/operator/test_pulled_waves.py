@@ -46,7 +46,9 @@ class FakeAgents:
         self.pulls = 0
         self.pushes = 0
 
-    async def update_weights(self, ip: str, port: int, request: UpdateWeightsRequest) -> CallResult:
+    async def update_weights(
+        self, ip: str, port: int, request: UpdateWeightsRequest, *, namespace: str
+    ) -> CallResult:
         name = self.by_ip[ip]
         # What goes on the wire parses back to the same request on the agent's side.
         assert UpdateWeightsRequest.model_validate(request.to_wire()) == request
@@ -62,7 +64,7 @@ class FakeAgents:
             self.api.obj = {**self.api.obj, "status": status}
         return CallResult(202, {"accepted": True})
 
-    async def status(self, ip: str, port: int) -> CallResult:
+    async def status(self, ip: str, port: int, *, namespace: str) -> CallResult:
         self.pulls += 1
         name = self.by_ip[ip]
         failed = name in self.failing

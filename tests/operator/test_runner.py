@@ -22,6 +22,7 @@ def test_kopf_is_given_an_identity(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, Any] = {}
     monkeypatch.setattr(kopf, "run", lambda **kwargs: seen.update(kwargs))
     monkeypatch.setattr(runner, "configure_logging", lambda log_format: None)  # the process's logging
-    args = build_parser().parse_args(["operator", "--all-namespaces", "--metrics-port", "0"])
+    argv = ["operator", "--all-namespaces", "--metrics-port", "0", "--agent-plain-http"]
+    args = build_parser().parse_args(argv)
     assert runner.run_operator(config_from_args(args)) == 0
     assert seen["identity"] == f"{socket.gethostname()}-{os.getpid()}"

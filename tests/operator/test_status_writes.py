@@ -118,7 +118,9 @@ class FakeAgents:
         self.by_ip[pod.ip] = pod.name
         self.live[pod.name] = "v1"
 
-    async def update_weights(self, ip: str, port: int, request: UpdateWeightsRequest) -> CallResult:
+    async def update_weights(
+        self, ip: str, port: int, request: UpdateWeightsRequest, *, namespace: str
+    ) -> CallResult:
         name = self.by_ip[ip]
         if name in self.unreachable:
             return CallResult(0, {}, "ClientOSError: connection reset")
@@ -157,7 +159,7 @@ class FakeAgents:
         )
         self.api.agent_patch(worker_status_patch(name, entry))
 
-    async def status(self, ip: str, port: int) -> CallResult:
+    async def status(self, ip: str, port: int, *, namespace: str) -> CallResult:
         name = self.by_ip[ip]
         if name in self.unreachable:
             return CallResult(0, {}, "ClientOSError: connection reset")

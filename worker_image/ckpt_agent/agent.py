@@ -9,7 +9,12 @@ from typing import Any
 from aiohttp import web
 
 from ckpt_agent.app import create_app, create_metrics_app
-from ckpt_agent.auth import Authenticator, StaticTokenAuthenticator, TokenReviewAuthenticator
+from ckpt_agent.auth import (
+    AccessReviewTarget,
+    Authenticator,
+    StaticTokenAuthenticator,
+    TokenReviewAuthenticator,
+)
 from ckpt_agent.config import DEFAULT_ENGINE_URLS, DISK_ENGINES, AgentConfig, read_secret_file
 from ckpt_agent.engines.base import Engine
 from ckpt_agent.httpserver import AppServer
@@ -17,8 +22,10 @@ from ckpt_agent.kube import kube_config_available, new_api_client
 from ckpt_agent.metrics import AgentMetrics
 from ckpt_agent.mooncake.runtime import UNSPECIFIED_HOSTS
 from ckpt_agent.relay.export import RelayExporter
+from ckpt_agent.relay.peer import PeerTLS
 from ckpt_agent.reporting import DisabledReporter, KubeReporter, StatusReporter
 from ckpt_agent.service import AgentService, NoRelayToken, RelayCredential
+from ckpt_api.tls import ReloadingContext, agent_server_name, ca_context, listening_context
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +131,24 @@ def _relay_exporter(config: AgentConfig) -> RelayExporter | None:
     return RelayExporter("rdma" if config.relay_mooncake == "rdma" else "tcp")
 
 
+def peer_tls(config: AgentConfig) -> PeerTLS:
+    if config.tls.peer_ca_file is None:
+        return PeerTLS()
+    assert config.pod_namespace is not None  # validated
+    return PeerTLS(ca_context(config.tls.peer_ca_file), agent_server_name(config.pod_namespace))
+
+
+def api_server(app: web.Application, config: AgentConfig) -> tuple[AppServer, ReloadingContext | None]:
+    """The API port's server: HTTPS following its certificate files, or plain HTTP when asked."""
+    if config.tls.cert_file is None or config.tls.key_file is None:
+        log.warning(
+            "the API port serves plain HTTP (--plain-http): tokens and weights cross the wire in clear"
+        )
+        return AppServer(app, config.host, config.port), None
+    context, files = listening_context(config.tls.cert_file, config.tls.key_file)
+    return AppServer(app, config.host, config.port, context), files
+
+
 @dataclass
 class Agent:
     app: web.Application
@@ -131,6 +156,7 @@ class Agent:
     server: AppServer
     api_client: Any | None
     metrics_server: AppServer | None = None  # the credential-free /metrics port
+    tls_files: ReloadingContext | None = None  # the serving certificate the API port follows
 
     @property
     def metrics_url(self) -> str | None:
@@ -175,10 +201,15 @@ async def build_agent(config: AgentConfig) -> Agent:
     if config.auth.token_file is not None:
         authenticator = StaticTokenAuthenticator(config.auth.token_file)
     elif config.auth.tokenreview_audience is not None:
+        target = None
+        if config.auth.access_review:
+            assert config.pod_namespace is not None  # validated
+            target = AccessReviewTarget(config.pod_namespace, config.pod_name)
         authenticator = TokenReviewAuthenticator(
             api_client,
             config.auth.tokenreview_audience,
             config.auth.allowed_usernames,
+            target=target,
             relay_usernames=config.auth.relay_usernames,
         )
     else:
@@ -195,11 +226,15 @@ async def build_agent(config: AgentConfig) -> Agent:
         await_rollout=config.await_rollout,
         source_policy=config.source_policy(),
         relay_credential=relay_credential(config),
+        peer_tls=peer_tls(config),
     )
     app = create_app(
         service, authenticator, _relay_exporter(config), sync_timeout_s=config.sync_update_timeout
     )
     metrics_server = None
     if config.metrics_port is not None:
+        # Plain HTTP whatever the API port does: it serves metrics only, to any scraper, with no
+        # credential to protect, and Prometheus then needs neither the CA nor the agents' name.
         metrics_server = AppServer(create_metrics_app(service), config.host, config.metrics_port)
-    return Agent(app, service, AppServer(app, config.host, config.port), api_client, metrics_server)
+    server, tls_files = api_server(app, config)
+    return Agent(app, service, server, api_client, metrics_server, tls_files)

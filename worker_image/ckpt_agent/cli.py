@@ -111,7 +111,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 # -- agent -----------------------------------------------------------------------------------------
 def config_from_args(args: argparse.Namespace, env: dict[str, str] | None = None) -> Any:
-    from ckpt_agent.config import AgentConfig, AuthConfig, default_host
+    from ckpt_agent.config import AgentConfig, AuthConfig, TLSConfig, default_host
     from ckpt_agent.synth import ReferenceModelSpec
 
     environ = dict(os.environ) if env is None else env
@@ -159,6 +159,12 @@ def config_from_args(args: argparse.Namespace, env: dict[str, str] | None = None
                 u.strip() for u in (args.relay_allowed_usernames or "").split(",") if u.strip()
             ),
             disabled=args.no_auth,
+        ),
+        tls=TLSConfig(
+            cert_file=Path(args.tls_cert_file) if args.tls_cert_file else None,
+            key_file=Path(args.tls_key_file) if args.tls_key_file else None,
+            plain_http=args.plain_http,
+            peer_ca_file=Path(args.peer_ca_file) if args.peer_ca_file else None,
         ),
         relay_token_file=Path(args.relay_token_file) if args.relay_token_file else None,
         allowed_sources=tuple(s for s in (args.allowed_sources or "").split(",") if s.strip()),
@@ -326,18 +332,45 @@ def _add_agent_parser(sub: SubParsers) -> None:
         "its load (default 600, FastDeploy's own wait); the load goes on after",
     )
     p.add_argument("--auth-token-file", help="accept the bearer token stored in this file")
-    p.add_argument("--tokenreview-audience", help="check bearer tokens with TokenReview for this audience")
-    p.add_argument("--allowed-usernames", help="comma-separated, e.g. system:serviceaccount:ns:operator")
+    p.add_argument(
+        "--tokenreview-audience",
+        help="check bearer tokens with TokenReview for this audience (the operator mints "
+        "ckpt-rollout-agent/NAMESPACE: pass ckpt-rollout-agent/$(POD_NAMESPACE)); then authorize "
+        "each caller by SubjectAccessReview in POD_NAMESPACE: `update` agents.rollout.ckpt.dev "
+        "(named POD_NAME) for control calls, `get` for reads, `get` agents/relay for the relay",
+    )
+    p.add_argument(
+        "--allowed-usernames",
+        help="fallback to SubjectAccessReview: only these callers (comma-separated, e.g. "
+        "system:serviceaccount:ns:operator) may call, and may do everything",
+    )
     p.add_argument("--no-auth", action="store_true", help="no authentication (local development only)")
     p.add_argument(
         "--relay-allowed-usernames",
-        help="comma-separated peers that may read this agent's relay and nothing else, e.g. "
-        "system:serviceaccount:ns:ckpt-rollout-worker (with --tokenreview-audience)",
+        help="with --allowed-usernames: comma-separated peers that may read this agent's relay and "
+        "nothing else, e.g. system:serviceaccount:ns:ckpt-rollout-worker",
     )
     p.add_argument(
         "--relay-token-file",
         help="this agent's own token for reading peers' relays (a projected token for the agents' "
         "audience); without it, and with TokenReview auth, peers are skipped for the source",
+    )
+    p.add_argument(
+        "--tls-cert-file",
+        help="serve the API port over HTTPS with this certificate (PEM, chain first; re-read when "
+        "it changes: new connections get the rotated one)",
+    )
+    p.add_argument("--tls-key-file", help="the private key of --tls-cert-file (PEM)")
+    p.add_argument(
+        "--plain-http",
+        action="store_true",
+        help="serve the API port over plain HTTP (local development only; without it the agent needs "
+        "--tls-cert-file and --tls-key-file)",
+    )
+    p.add_argument(
+        "--peer-ca-file",
+        help="CA bundle that peers' certificates must chain to (verified for the name "
+        "ckpt-rollout-agent.$POD_NAMESPACE.svc); an https peer failing it is skipped for the source",
     )
     p.add_argument(
         "--allowed-sources",

@@ -32,10 +32,16 @@ class ConfigError(ValueError):
 class AuthConfig:
     token_file: Path | None = None
     tokenreview_audience: str | None = None
+    # The explicit fallback to SubjectAccessReview: these callers may do everything...
     allowed_usernames: tuple[str, ...] = ()
-    # Peers (other workers' agents) allowed to read the relay, and only the relay.
+    # ... and these peers (other workers' agents) may read the relay, and only the relay.
     relay_usernames: tuple[str, ...] = ()
     disabled: bool = False
+
+    @property
+    def access_review(self) -> bool:
+        """TokenReview callers are authorized by SubjectAccessReview unless an allow-list is given."""
+        return self.tokenreview_audience is not None and not self.allowed_usernames
 
     def validate(self) -> None:
         modes = [self.token_file is not None, self.tokenreview_audience is not None, self.disabled]
@@ -44,10 +50,46 @@ class AuthConfig:
                 "choose exactly one of --auth-token-file, --tokenreview-audience or --no-auth "
                 "(the agent refuses to start unauthenticated unless told so)"
             )
-        if self.tokenreview_audience is not None and not self.allowed_usernames:
-            raise ConfigError("--tokenreview-audience needs --allowed-usernames")
-        if self.relay_usernames and self.tokenreview_audience is None:
-            raise ConfigError("--relay-allowed-usernames needs --tokenreview-audience")
+        if self.allowed_usernames and self.tokenreview_audience is None:
+            raise ConfigError("--allowed-usernames needs --tokenreview-audience")
+        if self.relay_usernames and not self.allowed_usernames:
+            raise ConfigError(
+                "--relay-allowed-usernames is part of the --allowed-usernames fallback; with "
+                "SubjectAccessReview, RBAC grants peers `get` on agents/relay"
+            )
+
+
+@dataclass(frozen=True)
+class TLSConfig:
+    """The API port serves HTTPS with these files (re-read when cert-manager or the chart rotate
+    them), or plain HTTP when asked for by name; peers are verified against ``peer_ca_file``."""
+
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    plain_http: bool = False
+    peer_ca_file: Path | None = None
+
+    def validate(self, namespace: str | None) -> None:
+        serving = self.cert_file is not None or self.key_file is not None
+        if serving == self.plain_http:
+            raise ConfigError(
+                "choose --tls-cert-file with --tls-key-file, or --plain-http (the agent refuses to "
+                "serve its API unencrypted unless told so)"
+            )
+        if serving and (self.cert_file is None or self.key_file is None):
+            raise ConfigError("--tls-cert-file and --tls-key-file go together")
+        if self.peer_ca_file is not None and not namespace:
+            # Peers are verified against their namespace's name, which is this agent's own.
+            raise ConfigError("--peer-ca-file needs POD_NAMESPACE in the environment")
+        from ckpt_api.tls import TLSFileError, ca_context, server_context
+
+        try:
+            if self.cert_file is not None and self.key_file is not None:
+                server_context(self.cert_file, self.key_file)
+            if self.peer_ca_file is not None:
+                ca_context(self.peer_ca_file)
+        except TLSFileError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -95,6 +137,7 @@ class AgentConfig:
     relay_mooncake: str | None = None
     mooncake_device: str = ""
     auth: AuthConfig = field(default_factory=AuthConfig)
+    tls: TLSConfig = field(default_factory=TLSConfig)
     # Sources this agent may pull from (ckpt_api.source_policy rules; empty: any); link-local
     # addresses (cloud metadata) are refused unless allowed.
     # This agent's own token for reading peers' relays (a projected token for the agents'
@@ -111,6 +154,13 @@ class AgentConfig:
 
     def validate(self) -> None:
         self.auth.validate()
+        if self.auth.access_review and not self.pod_namespace:
+            # The resource reviewed lives in this pod's namespace.
+            raise ConfigError(
+                "--tokenreview-audience without --allowed-usernames authorizes callers by "
+                "SubjectAccessReview in this pod's namespace: set POD_NAMESPACE (downward API)"
+            )
+        self.tls.validate(self.pod_namespace)
         try:
             self.source_policy()
         except ValueError as exc:

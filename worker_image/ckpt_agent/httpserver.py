@@ -1,30 +1,35 @@
-"""Run an aiohttp app on host:port (port 0 picks a free one) until stopped or signalled."""
+"""Run an aiohttp app on host:port (port 0 picks a free one), over TLS when given a context,
+until stopped or signalled."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
+import ssl
 from collections.abc import Callable
 
 from aiohttp import web
 
 
 class AppServer:
-    def __init__(self, app: web.Application, host: str, port: int) -> None:
+    def __init__(
+        self, app: web.Application, host: str, port: int, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         self.host = host
         self.port = port
+        self._ssl = ssl_context
 
     async def start(self) -> None:
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True, ssl_context=self._ssl)
         await site.start()
         self.port = int(self._runner.addresses[0][1])
 
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self._ssl else 'http'}://{host}:{self.port}"
 
     async def stop(self) -> None:
         await self._runner.cleanup()

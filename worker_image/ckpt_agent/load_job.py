@@ -45,8 +45,10 @@ class LoadJob:
 
     @property
     def must_verify(self) -> bool:
-        """Bytes from a peer are untrusted: always verified, whatever the request asked."""
-        return self.verify_checksum or self.peer is not None
+        """Bytes from a peer are untrusted: always verified, whatever the request asked. A pinned
+        manifest digest is verified too: the pin covers the manifest, and only checking the bytes
+        against it extends the pin to them."""
+        return self.verify_checksum or self.peer is not None or self.manifest_digest is not None
 
 
 @dataclass(frozen=True)

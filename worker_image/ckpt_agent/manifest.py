@@ -55,21 +55,33 @@ class TensorEntry:
     offset: int
     nbytes: int
     xxh3_128: str
+    # None in manifests published before it existed (see `Manifest.peer_verifiable`).
+    sha256: str | None = None
 
     @property
     def end(self) -> int:
         return self.offset + self.nbytes
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "dtype": self.dtype,
-            "shape": list(self.shape),
-            "file": self.file,
-            "offset": self.offset,
-            "nbytes": self.nbytes,
-            "xxh3_128": self.xxh3_128,
-        }
+        return _with_sha256(
+            {
+                "name": self.name,
+                "dtype": self.dtype,
+                "shape": list(self.shape),
+                "file": self.file,
+                "offset": self.offset,
+                "nbytes": self.nbytes,
+                "xxh3_128": self.xxh3_128,
+            },
+            self.sha256,
+        )
+
+
+def _with_sha256(doc: dict[str, Any], sha256: str | None) -> dict[str, Any]:
+    # Absent rather than null: the bytes of a manifest without digests stay what they were.
+    if sha256 is not None:
+        doc["sha256"] = sha256
+    return doc
 
 
 @dataclass(frozen=True)
@@ -79,9 +91,10 @@ class ExtraFile:
     name: str
     size: int
     xxh3_128: str
+    sha256: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"size": self.size, "xxh3_128": self.xxh3_128}
+        return _with_sha256({"size": self.size, "xxh3_128": self.xxh3_128}, self.sha256)
 
 
 @dataclass(frozen=True)
@@ -108,6 +121,13 @@ class Manifest:
     @property
     def total_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors)
+
+    @property
+    def peer_verifiable(self) -> bool:
+        """Every tensor and file has a sha256, so bytes from a peer can be checked against it."""
+        return all(t.sha256 is not None for t in self.tensors) and all(
+            e.sha256 is not None for e in self.extra_files.values()
+        )
 
     @property
     def largest_tensor_bytes(self) -> int:
@@ -170,10 +190,12 @@ def parse_manifest(raw: bytes, *, expected_version: str | None = None) -> Manife
         version=doc.version,
         files={name: f.size for name, f in doc.files.items()},
         tensors=tuple(
-            TensorEntry(t.name, t.dtype, tuple(t.shape), t.file, t.offset, t.nbytes, t.xxh3_128)
+            TensorEntry(t.name, t.dtype, tuple(t.shape), t.file, t.offset, t.nbytes, t.xxh3_128, t.sha256)
             for t in doc.tensors
         ),
-        extra_files={name: ExtraFile(name, e.size, e.xxh3_128) for name, e in doc.extra_files.items()},
+        extra_files={
+            name: ExtraFile(name, e.size, e.xxh3_128, e.sha256) for name, e in doc.extra_files.items()
+        },
         format_version=doc.format_version,
         reference=None
         if doc.reference is None

@@ -1,6 +1,10 @@
 """Pull a version's manifest and tensor bytes from a transport into caller-chosen buffers,
 verifying each tensor's xxh3-128 as its bytes land.
 
+Bytes from a peer (`from_peer`) are always verified, and against the manifest's sha256 instead:
+the manifest comes from the source, but a peer picks the bytes it serves, and xxh3 is not
+collision-resistant. sha256 runs several times slower than xxh3, so only peer bytes pay for it.
+
 Bytes are read in chunks straight into the destination buffer and hashed chunk by chunk while
 still in cache, so verification costs one extra pass over hot memory rather than a second trip
 through DRAM. With verification, streams that say so (`overlaps_hashing`: local files) get a
@@ -17,10 +21,12 @@ checksum has matched, and before `on_tensor` (the apply, or nothing until the st
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import threading
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import xxhash
 
@@ -91,6 +97,46 @@ def plan_runs(manifest: Manifest, *, max_run_bytes: int | None = None) -> list[R
     return runs
 
 
+class _Hasher(Protocol):
+    def update(self, data: memoryview, /) -> None: ...
+
+    def hexdigest(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Check:
+    """One digest to compare bytes against: the algorithm's name (for messages), a fresh hasher
+    and the manifest's value."""
+
+    algorithm: str
+    hasher: _Hasher
+    expected: str
+
+    def mismatch(self, what: str) -> str | None:
+        """None when the bytes hashed match; else the message naming both digests."""
+        got = self.hasher.hexdigest()
+        return None if got == self.expected else f"{what}: {self.algorithm} {got} != manifest {self.expected}"
+
+
+def from_peer(transport: Transport) -> bool:
+    """Whether a transport's bytes come from a peer (`relay.peer.PeerTransport` names its peer)."""
+    return getattr(transport, "peer_uri", None) is not None
+
+
+def check_for(xxh3_128: str, sha256: str | None, *, peer: bool, what: str) -> Check:
+    """The digest bytes are checked against: sha256 for a peer's, xxh3-128 for the source's. A
+    peer's bytes without a sha256 to check are refused (a ChecksumMismatch, so the load falls
+    back to the source): the manifest predates sha256, and xxh3 alone cannot stop a forgery."""
+    if not peer:
+        return Check("xxh3-128", xxhash.xxh3_128(), xxh3_128)
+    if sha256 is None:
+        raise LoadError(
+            Reason.CHECKSUM_MISMATCH,
+            f"{what}: the manifest gives no sha256, which bytes from a peer are checked against",
+        )
+    return Check("sha256", hashlib.sha256(), sha256)
+
+
 def fetch_manifest(
     transport: Transport, version: str, *, expected_digest: str | None, max_bytes: int
 ) -> tuple[Manifest, str]:
@@ -122,6 +168,7 @@ def read_extra_files(
     against its xxh3-128 whatever the load asked: they are small, and an engine reads them as
     they are, so a damaged one would not show up as a wrong weight but as a broken model."""
     files: dict[str, bytes] = {}
+    peer = from_peer(transport)
     for name, extra in sorted(manifest.extra_files.items()):
         _check_cancel(cancelled)
         if extra.size > MAX_EXTRA_FILE_BYTES:
@@ -136,12 +183,12 @@ def read_extra_files(
             stream.readinto(memoryview(buf))
         finally:
             stream.close()
-        digest = xxhash.xxh3_128(buf).hexdigest()
-        if digest != extra.xxh3_128:
-            raise LoadError(
-                Reason.CHECKSUM_MISMATCH,
-                f"extra file {name} of {manifest.version}: xxh3-128 {digest} != manifest {extra.xxh3_128}",
-            )
+        what = f"extra file {name} of {manifest.version}"
+        check = check_for(extra.xxh3_128, extra.sha256, peer=peer, what=what)
+        check.hasher.update(memoryview(buf))
+        mismatch = check.mismatch(what)
+        if mismatch is not None:
+            raise LoadError(Reason.CHECKSUM_MISMATCH, mismatch)
         files[name] = bytes(buf)
     return files
 
@@ -223,7 +270,7 @@ class _ReadAhead:
         self._pool.shutdown(wait=True)
 
 
-def _inspect(piece: memoryview, hasher: xxhash.xxh3_128 | None, scan: FiniteScan | None) -> None:
+def _inspect(piece: memoryview, hasher: _Hasher | None, scan: FiniteScan | None) -> None:
     if scan is None:
         if hasher is not None:
             hasher.update(piece)
@@ -246,8 +293,11 @@ def _read_tensor(
     progress: LoadProgress,
     cancelled: Callable[[], bool],
     ahead: Callable[[], _ReadAhead],
+    peer: bool = False,
 ) -> None:
-    hasher = xxhash.xxh3_128() if verify else None
+    what = f"tensor {entry.name!r} in {entry.file}"
+    check = check_for(entry.xxh3_128, entry.sha256, peer=peer, what=what) if verify or peer else None
+    hasher = None if check is None else check.hasher
     scan = FiniteScan(entry.dtype) if check_finite and can_hold_non_finite(entry.dtype) else None
     # Transports that move bytes in their own threads (Mooncake) go fastest when handed a whole
     # tensor at once: they split it into slices transferred in parallel; hashing then makes one
@@ -269,13 +319,9 @@ def _read_tensor(
             stream.readinto(piece)
             _inspect(piece, hasher, scan)
             progress.add(piece.nbytes)
-    if hasher is not None and hasher.hexdigest() != entry.xxh3_128:
-        raise LoadError(
-            Reason.CHECKSUM_MISMATCH,
-            f"tensor {entry.name!r} in {entry.file}: xxh3-128 {hasher.hexdigest()} "
-            f"!= manifest {entry.xxh3_128}",
-            tensor=entry.name,
-        )
+    mismatch = None if check is None else check.mismatch(what)
+    if mismatch is not None:
+        raise LoadError(Reason.CHECKSUM_MISMATCH, mismatch, tensor=entry.name)
     # After the checksum: damaged bytes are a ChecksumMismatch, whatever they decode to.
     if scan is not None and scan.found is not None:
         raise LoadError(
@@ -300,6 +346,7 @@ def read_run(
 ) -> None:
     stream = transport.open_range(version, run.file, run.start, run.end)
     helper: _ReadAhead | None = None
+    peer = from_peer(transport)
 
     def ahead() -> _ReadAhead:
         nonlocal helper
@@ -325,6 +372,7 @@ def read_run(
                 progress=progress,
                 cancelled=cancelled,
                 ahead=ahead,
+                peer=peer,
             )
             on_tensor(entry, buf)
             cursor = entry.end

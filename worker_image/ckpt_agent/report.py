@@ -40,9 +40,12 @@ def worker_entry(
     live_version: str | None,
     wave: int | None = None,
     uid: str | None = None,
+    manifest_digest: str | None = None,
 ) -> WorkerStatus:
     """This pod's entry. `version`: the version the entry is about (the one requested);
-    `live_version`: what the worker serves now (differs from `version` after a failure)."""
+    `live_version`: what the worker serves now (differs from `version` after a failure);
+    `manifest_digest`: of the version loaded, in an Updated entry (the operator pins a later
+    rollback to it)."""
     return WorkerStatus(
         version=version,
         phase=phase,
@@ -55,6 +58,7 @@ def worker_entry(
         live_version=live_version,
         wave=wave,
         uid=uid,
+        manifest_digest=manifest_digest,
     )
 
 

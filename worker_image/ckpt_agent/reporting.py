@@ -85,6 +85,9 @@ class KubeReporter:
         self._ready: tuple[bool, str] | None = None  # (status, lastTransitionTime)
         self.last_entry: dict[str, Any] | None = None
         self.last_error: str | None = None
+        # This pod's UID, from the answer to its first status patch: entries carry it so that the
+        # operator can tell them from those of an earlier pod of the same name.
+        self.pod_uid: str | None = None
 
     def _submit(self, target: str, call: Callable[[], Awaitable[object]]) -> None:
         if self._worker is None:
@@ -97,17 +100,17 @@ class KubeReporter:
         self.last_entry = {"rollout": f"{rollout.namespace}/{rollout.name}", **entry_json(entry)}
         if not rollout.report:
             return  # the operator pulls this outcome from /v1/status
-        body = worker_status_patch(self._pod, entry)
         api = client.CustomObjectsApi(self._api)
         self._submit(
             f"checkpointrollout {rollout.namespace}/{rollout.name}",
+            # Built when sent: by then the pod patch queued before it has told the UID.
             lambda: api.patch_namespaced_custom_object_status(
                 GROUP,
                 VERSION,
                 rollout.namespace,
                 PLURAL,
                 rollout.name,
-                body,
+                worker_status_patch(self._pod, entry.model_copy(update={"pod_uid": self.pod_uid})),
                 _content_type="application/merge-patch+json",
                 _request_timeout=REPORT_TIMEOUT_S,
             ),
@@ -121,12 +124,14 @@ class KubeReporter:
             self._ready = (ready, rfc3339())
         body = pod_condition_patch(weights_ready_condition(ready, reason, message, self._ready[1]))
         api = client.CoreV1Api(self._api)
-        self._submit(
-            f"pod {self._namespace}/{self._pod}",
-            lambda: api.patch_namespaced_pod_status(
+
+        async def patch() -> None:
+            pod = await api.patch_namespaced_pod_status(
                 self._pod, self._namespace, body, _request_timeout=REPORT_TIMEOUT_S
-            ),
-        )
+            )
+            self.pod_uid = getattr(getattr(pod, "metadata", None), "uid", None) or self.pod_uid
+
+        self._submit(f"pod {self._namespace}/{self._pod}", patch)
 
     async def _drain(self) -> None:
         while True:

@@ -17,7 +17,7 @@ from ckpt_agent.metrics import PEER, SOURCE, AgentMetrics
 from ckpt_agent.pause_gate import LOAD, USER, PauseGate
 from ckpt_agent.reader import LoadProgress
 from ckpt_agent.relay.copy import RelayCopy
-from ckpt_agent.relay.peer import is_peer_fault
+from ckpt_agent.relay.peer import PEER_TLS, PeerTLS, is_peer_fault
 from ckpt_agent.report import rfc3339, worker_entry
 from ckpt_agent.reporting import StatusReporter
 from ckpt_agent.smoke import CheckResult, outcome_of, run_check
@@ -93,8 +93,10 @@ class AgentService:
         await_rollout: bool = False,
         source_policy: SourcePolicy | None = None,
         relay_credential: RelayCredential = lambda request_bearer: request_bearer,
+        peer_tls: PeerTLS | None = None,
     ) -> None:
         self.engine = engine
+        self.peer_tls = peer_tls or PeerTLS()
         self.source_policy = source_policy or SourcePolicy()
         self._relay_credential = relay_credential
         self._peer_skipped: str | None = None  # why this load ignored the peer it was given
@@ -209,7 +211,9 @@ class AgentService:
         pin = req.source.manifest_digest if req.source else None
         if pin is not None and live.manifest_digest is not None and pin != live.manifest_digest:
             return False
-        return not (req.verify_checksum and not live.checksum_verified and self._requires_source)
+        # A pin implies verification (LoadJob.must_verify), so it too needs a verified live load.
+        wants_verified = req.verify_checksum or pin is not None
+        return not (wants_verified and not live.checksum_verified and self._requires_source)
 
     def reject(self, error: RequestError, version: object, rollout: RolloutRef | None) -> None:
         """Book a refused request; an invalid version is also a failed update worth reporting."""
@@ -270,6 +274,7 @@ class AgentService:
     async def _run(self, job: LoadJob, rollout: RolloutRef | None) -> LoadEnd:
         started = time.monotonic()
         SOURCE_POLICY.set(self.source_policy)  # this load's task and the threads it starts
+        PEER_TLS.set(self.peer_tls)
         self.gate.held_seconds.pop(LOAD, None)
         self.metrics.load_in_progress.set(1)
         self.reporter.weights_ready(False, WeightsReadyReason.LOADING, f"loading {job.version}")
@@ -488,6 +493,7 @@ class AgentService:
             live_version=self.live.version if self.live else None,
             wave=rollout.wave,
             uid=rollout.uid,
+            manifest_digest=self.live.manifest_digest if phase == WorkerPhase.UPDATED and self.live else None,
         )
         self.reporter.worker_event(rollout, entry)
 

@@ -85,6 +85,11 @@ ClusterRole (all namespaces) and the per-namespace Roles (watchNamespaces).
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+# What the worker agents ask SubjectAccessReview before they obey a call: `update` to pause,
+# resume and load, `get` to read status. No API serves this resource; RBAC grants it all the same.
+- apiGroups: ["rollout.ckpt.dev"]
+  resources: ["agents"]
+  verbs: ["get", "update"]
 {{- end }}
 
 {{/* Namespaces of the worker pods that get the agent's RBAC. */}}

@@ -116,6 +116,9 @@ class BenchEnv:
             self.workdir,
             # The later flags win: metrics on, and agents on a loaded machine get real timeouts.
             extra_args=["--metrics-port", str(metrics_port), "--agent-timeout", "30"],
+            # The null fleet's hosted agents (ckpt_e2e.multiagent) serve plain http: this bench
+            # measures the control plane, not handshakes.
+            agent_tls=False,
         )
         self.operator.start()
         self._stack.callback(self.operator.stop)

@@ -145,7 +145,7 @@ def run_fleet(hosts: int, link_mbps: float, size_mb: int, workdir: str | None) -
                 model = ["--model-hidden", str(spec.hidden), "--model-layers", str(spec.layers)]
                 for m in members:
                     agent = [*py, "agent", "--engine", "paddle", "--host", m.ip, "--port", str(AGENT_PORT),
-                             "--no-auth", "--log-level", "warning", *model]  # fmt: skip
+                             "--no-auth", "--plain-http", "--log-level", "warning", *model]  # fmt: skip
                     procs.start(m.exec_argv(agent), Path(tmp) / f"{m.name}.log")
                 _log(f"fleet: {hosts} agents, {nbytes / 2**20:.1f} MiB version, links {link_mbps:g} Mbit/s")
                 cfg = {

@@ -262,7 +262,7 @@ class FastDeployEngine:
         try:
             async with gate.hold(LOAD):
                 try:
-                    await self._update(job.version, job.verify_checksum)
+                    await self._update(job.version, job.must_verify)
                 except LoadError as exc:
                     failure = await self._undo(job, exc)
                     if failure.weights_lost:
@@ -284,7 +284,7 @@ class FastDeployEngine:
                 reason, f"{done}, but FastDeploy did not resume: {exc.message}", weights_lost=True
             ) from exc
         progress.bytes_done = nbytes
-        return LoadOutcome(nbytes, job.verify_checksum, digest)
+        return LoadOutcome(nbytes, job.must_verify, digest)
 
     async def infer(self) -> list[float]:
         raise NotImplementedError("FastDeploy serves its own OpenAI-compatible API")

@@ -5,7 +5,7 @@ A source is an HF-style model directory (sharded with `*.safetensors.index.json`
 (`sources` says what is kept and skipped, and the index rules). The version holds the shards
 byte for byte (linked, reflinked or copied: `placing`), every other file of the checkpoint, a
 generated `model.safetensors.index.json` when there are several shards and no index, and the
-manifest listing every tensor and file with its xxh3-128 (`hashing`).
+manifest listing every tensor and file with its xxh3-128 and sha256 (`hashing`).
 
 Atomic: everything lands in a hidden temporary directory next to the version, renamed into place
 last, so a source never serves a half-written version, an existing version is never overwritten,
@@ -272,11 +272,12 @@ def _build(
     located = [(name, t) for name, tensors in shards for t in tensors]
     tensor_digests, extra_digests = digests[: len(located)], digests[len(located) :]
     tensor_entries = [
-        TensorEntry(t.name, t.dtype, t.shape, name, t.offset, t.nbytes, digest)
+        TensorEntry(t.name, t.dtype, t.shape, name, t.offset, t.nbytes, digest.xxh3_128, digest.sha256)
         for (name, t), digest in zip(located, tensor_digests, strict=True)
     ]
     extra_files = {
-        name: ExtraFile(name, sizes[name], digest) for name, digest in zip(extras, extra_digests, strict=True)
+        name: ExtraFile(name, sizes[name], digest.xxh3_128, digest.sha256)
+        for name, digest in zip(extras, extra_digests, strict=True)
     }
     files = [PublishedFile(name, "shard", sizes[name], method[name]) for name, _ in shards]
     files += [PublishedFile(name, "extra", sizes[name], method[name]) for name in extras]

@@ -1,9 +1,11 @@
-"""xxh3-128 of every tensor and every other file of a version, on all cores.
+"""xxh3-128 and sha256 of every tensor and every other file of a version, on all cores.
 
-xxhash releases the GIL while it hashes, so threads scale. Files are memory-mapped and hashed in
-place: reading them into buffers first costs a copy, measured at half the rate here. A mapped
-file that shrinks under us kills the process with SIGBUS, which is one more reason a source must
-not change while it is published (see `placing`).
+Both digests come from one pass: each block is hashed by xxh3 and then by sha256 while it is
+still in cache, so the sha256 costs its own compute (several times xxh3's) but no second read of
+the version. xxhash and hashlib release the GIL while they hash, so threads scale. Files are
+memory-mapped and hashed in place: reading them into buffers first costs a copy, measured at half
+the rate here. A mapped file that shrinks under us kills the process with SIGBUS, which is one
+more reason a source must not change while it is published (see `placing`).
 
 Small tensors are grouped into jobs of about `_JOB_BYTES` so 100k-tensor checkpoints do not pay
 a thread hand-off per tensor; a big tensor is one job (a hash cannot be split), hashed in steps
@@ -12,6 +14,7 @@ so progress moves.
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -24,7 +27,15 @@ import xxhash
 
 _JOB_BYTES = 64 << 20
 _STEP = 64 << 20
+# Small enough that the bytes xxh3 just read are still in cache for sha256.
+_BLOCK = 1 << 20
 MAX_THREADS = 16
+
+
+@dataclass(frozen=True)
+class Digests:
+    xxh3_128: str
+    sha256: str | None
 
 
 @dataclass(frozen=True)
@@ -60,10 +71,11 @@ def hash_spans(
     threads: int,
     advance: Callable[[int], None],
     file_done: Callable[[str], None],
-) -> list[str]:
-    """The xxh3-128 hex digest of each span, in order. `advance(n)` is called from the worker
-    threads as bytes are hashed; `file_done(name)` once every span of a file is."""
-    digests = [""] * len(spans)
+    sha256: bool = True,
+) -> list[Digests]:
+    """The digests of each span, in order (`sha256=False`: xxh3-128 only). `advance(n)` is called
+    from the worker threads as bytes are hashed; `file_done(name)` once every span of a file is."""
+    digests = [Digests("", None)] * len(spans)
     remaining: dict[str, int] = {}
     for span in spans:
         remaining[span.file] = remaining.get(span.file, 0) + 1
@@ -81,11 +93,11 @@ def hash_spans(
             if mapped is not None:
                 mapped.madvise(mmap.MADV_SEQUENTIAL)
 
-        def run(job: list[int]) -> list[tuple[int, str]]:
+        def run(job: list[int]) -> list[tuple[int, Digests]]:
             out = []
             mapped = maps[spans[job[0]].file]
             for i in job:
-                out.append((i, _hash(mapped, spans[i], advance)))
+                out.append((i, _hash(mapped, spans[i], advance, sha256)))
             return out
 
         with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="publish-hash") as pool:
@@ -99,10 +111,15 @@ def hash_spans(
     return digests
 
 
-def _hash(mapped: mmap.mmap | None, span: Span, advance: Callable[[int], None]) -> str:
+def _hash(mapped: mmap.mmap | None, span: Span, advance: Callable[[int], None], sha256: bool) -> Digests:
     hasher = xxhash.xxh3_128()
+    strong = hashlib.sha256() if sha256 else None
+
+    def digests() -> Digests:
+        return Digests(str(hasher.hexdigest()), None if strong is None else strong.hexdigest())
+
     if mapped is None or span.nbytes == 0:
-        return str(hasher.hexdigest())
+        return digests()
     if span.offset + span.nbytes > len(mapped):
         raise ValueError(f"{span.file}: bytes {span.offset}..{span.offset + span.nbytes} past its end")
     # Slices of the mapping must be released before it is closed, so each lives in a `with`.
@@ -110,8 +127,11 @@ def _hash(mapped: mmap.mmap | None, span: Span, advance: Callable[[int], None]) 
         pos, end = span.offset, span.offset + span.nbytes
         while pos < end:
             step = min(_STEP, end - pos)
-            with whole[pos : pos + step] as part:
-                hasher.update(part)
+            for lo in range(pos, pos + step, _BLOCK):
+                with whole[lo : min(pos + step, lo + _BLOCK)] as part:
+                    hasher.update(part)
+                    if strong is not None:
+                        strong.update(part)
             advance(step)
             pos += step
-    return str(hasher.hexdigest())
+    return digests()

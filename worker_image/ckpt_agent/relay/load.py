@@ -98,6 +98,14 @@ async def open_version(job: LoadJob, max_manifest_bytes: int) -> tuple[Transport
             expected_digest=job.manifest_digest,
             max_bytes=max_manifest_bytes,
         )
+        if isinstance(transport, PeerTransport) and not manifest.peer_verifiable:
+            # Decided before any byte moves, so the fallback costs nothing but the manifest.
+            raise PeerError(
+                Reason.CHECKSUM_MISMATCH,
+                f"peer {transport.peer_uri} not used: the manifest of {job.version} lists no sha256 for "
+                "some tensors or files (published before sha256 was added), and bytes from a peer are "
+                "checked against sha256 only; loading from the source",
+            )
     except BaseException:
         transport.close()
         raise

@@ -8,11 +8,14 @@ to fall back to the original source for the whole load.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
 
 from ckpt_agent.errors import LoadError, Reason
 from ckpt_agent.transport import ByteStream, Transport
 from ckpt_agent.transport.base import RegistersBuffers
 from ckpt_api.agent_api import check_peer_uri
+from ckpt_api.tls import ReloadingContext
 
 RELAY_PATH = "/v1/relay"
 
@@ -21,9 +24,24 @@ class PeerError(LoadError):
     """The peer failed (unreachable, refused, short or wrong bytes): fall back to the source."""
 
 
+@dataclass(frozen=True)
+class PeerTLS:
+    """How this agent checks the peers it reads. With ``ca`` (--peer-ca-file), a peer must serve
+    https with a certificate chaining to it for ``server_name`` (the agents' name in this
+    agent's namespace; peers are in the same one), and plain-http peers are refused; without,
+    an https peer is checked against the system's CAs for its own host."""
+
+    ca: ReloadingContext | None = None
+    server_name: str | None = None
+
+
+# The agent's, set for each load's task like the source policy (transport.guard.SOURCE_POLICY).
+PEER_TLS: ContextVar[PeerTLS] = ContextVar("PEER_TLS", default=PeerTLS())  # noqa: B039 - frozen
+
+
 def open_peer_transport(uri: str, bearer: str | None) -> Transport:
-    """Bytes of a peer agent: http under `/v1/relay`, mooncake through `/v1/mooncake`. The
-    update request's bearer token is forwarded: every agent accepts the operator's token."""
+    """Bytes of a peer agent: http(s) under `/v1/relay`, mooncake through `/v1/mooncake`.
+    `bearer`: this agent's own relay credential (see `agent.relay_credential`)."""
     check_peer_uri(uri)
     if uri.startswith("mooncake://"):
         from ckpt_agent.transport.mooncake import MooncakeTransport
@@ -31,7 +49,14 @@ def open_peer_transport(uri: str, bearer: str | None) -> Transport:
         return MooncakeTransport(uri, bearer=bearer, files_path=RELAY_PATH)
     from ckpt_agent.transport.http import HttpTransport
 
-    return HttpTransport(uri.rstrip("/") + RELAY_PATH, bearer=bearer)
+    tls = PEER_TLS.get()
+    if tls.ca is not None and not uri.startswith("https://"):
+        # Never read unverified: bytes and the relay credential would cross the wire in clear.
+        raise ValueError("is plain http, and this agent reads peers only over verified TLS (--peer-ca-file)")
+    context = tls.ca.current() if tls.ca is not None else None
+    return HttpTransport(
+        uri.rstrip("/") + RELAY_PATH, bearer=bearer, tls=context, server_name=tls.server_name
+    )
 
 
 class _PeerStream:

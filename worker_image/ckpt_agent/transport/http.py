@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.client
 import re
 import socket
+import ssl
 from urllib.parse import quote, urlsplit
 
 from ckpt_agent.errors import LoadError, Reason
@@ -44,6 +45,21 @@ class _HttpStream:
         self._conn.close()
 
 
+class _NamedHTTPSConnection(http.client.HTTPSConnection):
+    """Connects to the URL's host (a pod IP) but verifies the certificate for `server_name`."""
+
+    def __init__(
+        self, host: str, port: int | None, *, timeout: float, context: ssl.SSLContext, server_name: str
+    ) -> None:
+        super().__init__(host, port, timeout=timeout, context=context)
+        self._tls = context
+        self._server_name = server_name
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)
+        self.sock = self._tls.wrap_socket(self.sock, server_hostname=self._server_name)
+
+
 class HttpTransport:
     def __init__(
         self,
@@ -52,8 +68,12 @@ class HttpTransport:
         timeout: float = 30.0,
         bearer: str | None = None,
         policy: SourcePolicy | None = None,
+        tls: ssl.SSLContext | None = None,
+        server_name: str | None = None,
     ) -> None:
-        """`policy`: for a source, the addresses it may connect to (a peer's has none)."""
+        """`policy`: for a source, the addresses it may connect to (a peer's has none).
+        `tls`: what an https server's certificate must chain to (default: the system's CAs);
+        `server_name`: the name it must carry (default: the URL's host)."""
         parts = urlsplit(uri)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URI: {uri!r}")
@@ -66,12 +86,25 @@ class HttpTransport:
         # Peer agents authenticate relay reads with the update request's own bearer token.
         self._auth = {"Authorization": f"Bearer {bearer}"} if bearer else {}
         self._policy = policy
+        self._tls = tls
+        self._server_name = server_name
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if not self._https:
+            return http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
+        context = self._tls or ssl.create_default_context()
+        return _NamedHTTPSConnection(
+            self._host,
+            self._port,
+            timeout=self._timeout,
+            context=context,
+            server_name=self._server_name or self._host,
+        )
 
     def _request(
         self, path: str, headers: dict[str, str]
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        conn = cls(self._host, self._port, timeout=self._timeout)
+        conn = self._connection()
         if self._policy is not None:
             guard(conn, self.uri, self._policy)
         try:
