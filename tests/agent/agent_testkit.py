@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import aiohttp
 import xxhash
 
+from ckpt_agent.config import AuthConfig
 from ckpt_agent.manifest import MANIFEST_NAME, ExtraFile, encode_manifest, manifest_digest, parse_manifest
 from ckpt_agent.publish import publish
 from ckpt_agent.synth import (
@@ -31,6 +32,15 @@ RESPOND_ASYNC_HEADERS = {PREFER_HEADER: RESPOND_ASYNC}
 T = TypeVar("T")
 # The `agent_factory` fixture: keyword overrides of AgentConfig (+ token) -> a started agent.
 AgentFactory = Callable[..., Awaitable["AgentClient"]]
+
+
+# The token of agents started with static_token_agent (peers present the same shared secret).
+STATIC_TOKEN = "operator-token"
+
+
+async def static_token_agent(agent_factory: AgentFactory, token_file: Path, **overrides: Any) -> AgentClient:
+    """An agent whose API takes the static token in ``token_file`` (the conftest fixture)."""
+    return await agent_factory(token=STATIC_TOKEN, auth=AuthConfig(token_file=token_file), **overrides)
 
 
 async def wait_until(predicate: Callable[[], Awaitable[T | None]], limit_s: float, what: str) -> T:

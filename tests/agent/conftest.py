@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from agent_testkit import SPEC, AgentClient, AgentFactory, Tree
+from agent_testkit import SPEC, STATIC_TOKEN, AgentClient, AgentFactory, Tree
 
 from ckpt_agent.agent import Agent, build_agent
 from ckpt_agent.config import AgentConfig, AuthConfig, TLSConfig
@@ -88,3 +88,11 @@ async def agent_factory(session: aiohttp.ClientSession) -> AsyncIterator[AgentFa
     yield make
     for agent in agents:
         await agent.stop()
+
+
+@pytest.fixture
+def token_file(tmp_path: Path) -> Path:
+    """A static token file holding STATIC_TOKEN (what agent_testkit.static_token_agent accepts)."""
+    path = tmp_path / "token"
+    path.write_text(STATIC_TOKEN + "\n")
+    return path

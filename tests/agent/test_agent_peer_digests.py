@@ -11,24 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_testkit import AgentClient, AgentFactory, Tree, close_to, corrupt_tensor
+from agent_testkit import (
+    AgentClient,
+    AgentFactory,
+    Tree,
+    close_to,
+    corrupt_tensor,
+    static_token_agent,
+)
 
-from ckpt_agent.config import AuthConfig
 from ckpt_agent.load_job import LoadJob
 from ckpt_agent.manifest import MANIFEST_NAME, manifest_digest
-
-TOKEN = "operator-token"
-
-
-@pytest.fixture
-def token_file(tmp_path: Path) -> Path:
-    path = tmp_path / "token"
-    path.write_text(TOKEN + "\n")
-    return path
-
-
-async def _agent(agent_factory: AgentFactory, token_file: Path, **overrides: Any) -> AgentClient:
-    return await agent_factory(token=TOKEN, auth=AuthConfig(token_file=token_file), **overrides)
 
 
 def _rewrite_manifest(tree: Tree, version: str, edit: Any) -> str:
@@ -47,7 +40,7 @@ def _total(tree: Tree, version: str) -> int:
 
 async def _peer_with(tree: Tree, agent_factory: AgentFactory, token_file: Path, version: str) -> AgentClient:
     """A peer relaying `version`, loaded from the tree before a test edits its manifest."""
-    peer = await _agent(agent_factory, token_file, source=tree.file_uri)
+    peer = await static_token_agent(agent_factory, token_file, source=tree.file_uri)
     assert (await peer.update(version, verify_checksum=True))[0] == 202
     assert (await peer.wait_settled())["relay"]["version"] == version
     return peer
@@ -78,7 +71,9 @@ async def test_peer_bytes_that_match_xxh3_but_not_sha256_are_refused(
         entry["sha256"] = "0" * 64
 
     _rewrite_manifest(scratch_tree, "v2", wrong_sha256)
-    client = await _agent(agent_factory, token_file, source=scratch_tree.file_uri, initial_version="v1")
+    client = await static_token_agent(
+        agent_factory, token_file, source=scratch_tree.file_uri, initial_version="v1"
+    )
     await client.wait_settled()
     body = {"uri": scratch_tree.file_uri, "peer": peer.url}
     assert (await client.update("v2", verify_checksum=False, source=body))[0] == 202
@@ -103,7 +98,9 @@ async def test_a_manifest_without_sha256_is_loaded_from_the_source_not_the_peer(
             del entry["sha256"]
 
     _rewrite_manifest(scratch_tree, "v2", published_before_sha256)
-    client = await _agent(agent_factory, token_file, source=scratch_tree.file_uri, initial_version="v1")
+    client = await static_token_agent(
+        agent_factory, token_file, source=scratch_tree.file_uri, initial_version="v1"
+    )
     await client.wait_settled()
     body = {"uri": scratch_tree.file_uri, "peer": peer.url}
     assert (await client.update("v2", source=body))[0] == 202

@@ -9,28 +9,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_testkit import AgentClient, AgentFactory, Tree, close_to, corrupt_tensor
-
-from ckpt_agent.config import AuthConfig
-
-TOKEN = "operator-token"
-
-
-@pytest.fixture
-def token_file(tmp_path: Path) -> Path:
-    path = tmp_path / "token"
-    path.write_text(TOKEN + "\n")
-    return path
-
-
-async def _agent(agent_factory: AgentFactory, token_file: Path, **overrides: Any) -> AgentClient:
-    return await agent_factory(token=TOKEN, auth=AuthConfig(token_file=token_file), **overrides)
+from agent_testkit import (
+    STATIC_TOKEN,
+    AgentClient,
+    AgentFactory,
+    Tree,
+    close_to,
+    corrupt_tensor,
+    static_token_agent,
+)
 
 
 async def _peer_with(
     tree: Tree, agent_factory: AgentFactory, token_file: Path, version: str, **overrides: Any
 ) -> AgentClient:
-    peer = await _agent(agent_factory, token_file, source=tree.file_uri, **overrides)
+    peer = await static_token_agent(agent_factory, token_file, source=tree.file_uri, **overrides)
     assert (await peer.update(version, verify_checksum=True))[0] == 202
     status = await peer.wait_settled()
     assert status["version"] == version
@@ -48,7 +41,7 @@ async def test_agent_loads_from_a_peer_over_http(
 ) -> None:
     peer = await _peer_with(tree, agent_factory, token_file, "v2", apply_mode=peer_mode)
     source = await source_server(tree.root)
-    client = await _agent(agent_factory, token_file, source=source, initial_version="v1")
+    client = await static_token_agent(agent_factory, token_file, source=source, initial_version="v1")
     await client.wait_settled()
 
     # verify_checksum false: bytes from a peer are verified anyway.
@@ -71,7 +64,7 @@ async def test_agent_loads_from_a_peer_over_mooncake(
     tree: Tree, agent_factory: AgentFactory, token_file: Path
 ) -> None:
     peer = await _peer_with(tree, agent_factory, token_file, "v3", relay_mooncake="tcp")
-    client = await _agent(agent_factory, token_file, source=tree.file_uri, initial_version="v1")
+    client = await static_token_agent(agent_factory, token_file, source=tree.file_uri, initial_version="v1")
     await client.wait_settled()
     peer_uri = "mooncake://127.0.0.1:" + peer.url.rsplit(":", 1)[1]
     assert (await client.update("v3", source={"uri": tree.file_uri, "peer": peer_uri}))[0] == 202
@@ -95,7 +88,7 @@ async def test_a_peer_serving_corrupted_bytes_cannot_inject_weights(
     view[entry.nbytes // 2] ^= 0xFF
     peer_uri = peer.url if transport == "http" else "mooncake://127.0.0.1:" + peer.url.rsplit(":", 1)[1]
 
-    client = await _agent(agent_factory, token_file, source=tree.file_uri, initial_version="v1")
+    client = await static_token_agent(agent_factory, token_file, source=tree.file_uri, initial_version="v1")
     await client.wait_settled()
     assert (await client.update("v2", source={"uri": tree.file_uri, "peer": peer_uri}))[0] == 202
     status = await client.wait_settled()
@@ -124,7 +117,9 @@ async def test_bad_peer_and_bad_source_leave_the_old_weights_live(
     copy.store.buffer(entry)[0] ^= 0xFF
     corrupt_tensor(scratch_tree.root / "v2", entry.name)
 
-    client = await _agent(agent_factory, token_file, source=scratch_tree.file_uri, initial_version="v1")
+    client = await static_token_agent(
+        agent_factory, token_file, source=scratch_tree.file_uri, initial_version="v1"
+    )
     await client.wait_settled()
     body = {"uri": scratch_tree.file_uri, "peer": peer.url}
     assert (await client.update("v2", verify_checksum=True, source=body))[0] == 202
@@ -141,7 +136,7 @@ async def test_unreachable_peer_falls_back_to_the_source(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    client = await _agent(agent_factory, token_file, source=tree.file_uri, initial_version="v1")
+    client = await static_token_agent(agent_factory, token_file, source=tree.file_uri, initial_version="v1")
     await client.wait_settled()
     body = {"uri": tree.file_uri, "peer": f"http://127.0.0.1:{port}"}
     assert (await client.update("v2", source=body))[0] == 202
@@ -157,7 +152,7 @@ async def test_peer_without_the_version_falls_back(
     tree: Tree, agent_factory: AgentFactory, token_file: Path
 ) -> None:
     peer = await _peer_with(tree, agent_factory, token_file, "v3")
-    client = await _agent(agent_factory, token_file, source=tree.file_uri, initial_version="v1")
+    client = await static_token_agent(agent_factory, token_file, source=tree.file_uri, initial_version="v1")
     await client.wait_settled()
     assert (await client.update("v2", source={"uri": tree.file_uri, "peer": peer.url}))[0] == 202
     status = await client.wait_settled()
@@ -175,7 +170,7 @@ async def test_relay_endpoints_need_the_token_and_serve_only_the_live_version(
     entry = min((t for t in doc["tensors"] if t["file"] == shard), key=lambda t: t["offset"])
     start, end = entry["offset"], entry["offset"] + entry["nbytes"]
 
-    headers = {"Authorization": f"Bearer {TOKEN}", "Range": f"bytes={start}-{end - 1}"}
+    headers = {"Authorization": f"Bearer {STATIC_TOKEN}", "Range": f"bytes={start}-{end - 1}"}
     async with peer.session.get(f"{peer.url}/v1/relay/v2/{shard}", headers=headers) as resp:
         assert resp.status == 206
         assert resp.headers["Content-Range"] == f"bytes {start}-{end - 1}/{len(published)}"
@@ -201,7 +196,7 @@ async def test_relay_endpoints_need_the_token_and_serve_only_the_live_version(
 
 
 async def test_peer_field_is_validated(tree: Tree, agent_factory: AgentFactory, token_file: Path) -> None:
-    client = await _agent(agent_factory, token_file, source=tree.file_uri)
+    client = await static_token_agent(agent_factory, token_file, source=tree.file_uri)
     for peer in ("ftp://h:1", "http://h", "http://h:1/path", 5):
         code, body = await client.update("v2", source={"uri": tree.file_uri, "peer": peer})
         assert (code, body["field"]) == (400, "source.peer"), peer
