@@ -184,7 +184,13 @@ def test_agent_entrypoint_serves_the_control_api(running_agent: tuple[str, str])
 
 def test_paddle_engine_without_paddle_says_what_to_install(agent_venv: Venv) -> None:
     proc = agent_venv.run(
-        [*agent_venv.command(ROOT / "worker_image" / "Dockerfile"), "--engine", "paddle", "--no-auth"]
+        [
+            *agent_venv.command(ROOT / "worker_image" / "Dockerfile"),
+            "--engine",
+            "paddle",
+            "--no-auth",
+            "--plain-http",
+        ]
     )
     assert proc.returncode != 0
     assert "ckpt-rollout[paddle]" in proc.stderr, proc.stderr[-2000:]

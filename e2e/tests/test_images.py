@@ -247,9 +247,9 @@ def _healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> bool:
 
 
 def _loopback_agent_flags(port: int) -> list[str]:
-    """An agent on a loopback port of the host network, no separate metrics port (the default
-    one would collide between containers)."""
-    return ["--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0"]
+    """An agent on a loopback port of the host network, plain http (these tests are about the
+    image, not TLS), no separate metrics port (the default one would collide between containers)."""
+    return ["--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0", "--plain-http"]
 
 
 @contextmanager
@@ -261,7 +261,6 @@ def _agent_container(built: Built, args: list[str], token_file: Path, log: Path)
         *_loopback_agent_flags(port),
         "--auth-token-file",
         str(token_file),
-        "--plain-http",
         *args,
     ]
     launch = ContainerLauncher(built.tag).launch(flags, built.name, {}, [token_file])
@@ -308,7 +307,7 @@ def test_worker_image_serves_the_agent_api(
 
 def test_slim_worker_refuses_the_paddle_engine_with_a_hint(built_images: dict[str, Built]) -> None:
     result = Container(built_images["worker-slim"].tag, "ckpt-e2e-slim-paddle").run(
-        ["--engine", "paddle", "--no-auth"]
+        ["--engine", "paddle", "--no-auth", "--plain-http"]
     )
     assert result.returncode == 2
     assert "needs paddle" in result.stderr
