@@ -227,6 +227,12 @@ class ChartAccounts:
     admin_kubeconfig: Path = field(repr=False)
     workdir: Path = field(repr=False)
 
+    def peer_token(self) -> str:
+        """A token of the workers' account for this namespace's agents, bound to no pod: what a
+        peer presents, so it reads any agent's relay (RBAC get agents/relay) and nothing else.
+        Tests read agents' relays with it."""
+        return mint_token(self.api, self.namespace, WORKER_ACCOUNT, [agent_audience(self.namespace)])
+
     def worker_relay_token_for(self, pod: PodInfo) -> Path:
         """A token file of the worker account for its namespace's agents, bound to ``pod``: what
         its agent presents to the peers it pulls from (a projected token in a real pod)."""

@@ -27,6 +27,7 @@ from ckpt_e2e.rollout_env import (
     urlopen,
 )
 from ckpt_e2e.rollout_fixtures import Fleet
+from ckpt_e2e.serviceaccounts import ChartAccounts
 
 pytestmark = [pytest.mark.integration, pytest.mark.scenario]
 
@@ -66,6 +67,7 @@ def _live_tensors(worker: Worker, token: str, version: str, manifest: dict[str, 
 
 def test_hf_checkpoint_rolls_out_to_paddle_agents_byte_exact(
     fleet_factory: Callable[..., Fleet],
+    chart_accounts: ChartAccounts,
     checkpoint_source: CheckpointSource,
     operator: OperatorProcess,
     rollouts: Rollouts,
@@ -114,17 +116,20 @@ def test_hf_checkpoint_rolls_out_to_paddle_agents_byte_exact(
     assert status["phase"] == "Succeeded", status.get("message")
     assert (status["updatedReplicas"], status["replicas"]) == (2, 2)
 
+    # Relays are read as a peer reads them: the operator's identity may not (RBAC).
+    peer = chart_accounts.peer_token()
     for w in workers:
-        live = _live_tensors(w, fleet.token, "hf-step-200", manifest)
+        live = _live_tensors(w, peer, "hf-step-200", manifest)
         assert live.keys() == new.tensors.keys()
         wrong = [n for n, t in new.tensors.items() if live[n] != t.data]
         assert wrong == [], f"{w.name}: live bytes differ from the trainer's for {wrong[:5]}"
         for name, raw in new.extra_files.items():
-            assert _relayed(w, fleet.token, "hf-step-200", name) == raw, (w.name, name)
+            assert _relayed(w, peer, "hf-step-200", name) == raw, (w.name, name)
 
 
 def test_a_dtype_paddle_lacks_is_refused_and_the_old_version_keeps_serving(
     fleet_factory: Callable[..., Fleet],
+    chart_accounts: ChartAccounts,
     checkpoint_source: CheckpointSource,
     operator: OperatorProcess,
     rollouts: Rollouts,
@@ -175,5 +180,5 @@ def test_a_dtype_paddle_lacks_is_refused_and_the_old_version_keeps_serving(
     # The canary's refused load withdrew its relay copy (a load start always does); the pod the
     # rollout never reached still hands out fp8-base, read back from its parameters.
     (untouched,) = [w for w in workers if w.name != canary]
-    live = _live_tensors(untouched, fleet.token, "fp8-base", base_manifest)
+    live = _live_tensors(untouched, chart_accounts.peer_token(), "fp8-base", base_manifest)
     assert all(live[n] == t.data for n, t in base.tensors.items())
