@@ -28,7 +28,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -171,19 +171,27 @@ class LocalCluster:
             api = self.admin_api()
             self._wait(fresh, lambda: api.ok("/readyz"), "kube-apiserver /readyz after a restart")
 
-    @contextmanager
-    def apiserver_frozen(self) -> Iterator[None]:
+    def apiserver_frozen(self) -> AbstractContextManager[None]:
         """kube-apiserver is stopped (SIGSTOP) for the block: the kernel still completes TCP
         handshakes on its port, so every call hangs instead of failing — a hung apiserver.
         It continues (SIGCONT) after the block; returns once it answers /readyz again."""
-        comp = next(c for c in self._components if c.name == "kube-apiserver")
+        return self._frozen("kube-apiserver")
+
+    def etcd_frozen(self) -> AbstractContextManager[None]:
+        """etcd is stopped (SIGSTOP) for the block: kube-apiserver still answers what its caches
+        hold (TokenReviews, RBAC decisions) while its /readyz fails; the same return as above."""
+        return self._frozen("etcd")
+
+    @contextmanager
+    def _frozen(self, name: str) -> Iterator[None]:
+        comp = next(c for c in self._components if c.name == name)
         comp.proc.send_signal(signal.SIGSTOP)
         try:
             yield
         finally:
             comp.proc.send_signal(signal.SIGCONT)
             api = self.admin_api()
-            self._wait(comp, lambda: api.ok("/readyz"), "kube-apiserver /readyz after a freeze")
+            self._wait(comp, lambda: api.ok("/readyz"), f"kube-apiserver /readyz after {name} froze")
 
     # ------------------------------------------------------------------ steps
 

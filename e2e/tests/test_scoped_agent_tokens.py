@@ -187,6 +187,33 @@ def test_only_identities_the_chart_grants_are_obeyed(
     assert http_call(worker.url("/v1/resume"), fleet.token, {})[0] == 200
 
 
+def test_a_refusal_from_an_apiserver_that_is_not_ready_is_no_verdict(
+    fleet_factory: Callable[..., Fleet], cluster: ClusterHandle, k8s_api: client.ApiClient, namespace: str
+) -> None:
+    """While the apiserver's /readyz fails (its etcd frozen; after a restart its RBAC caches
+    fill the same way) a caller it refuses gets 503 AuthUnavailable, to call again, not a 403
+    that would fail a rollout's worker for good; once it is ready the same refusal is a 403."""
+    assert cluster.local is not None, "freezes the local control plane's etcd"
+    fleet = fleet_factory(1)
+    (worker,) = fleet.workers(1)
+    # Two accounts without the grant: the agent keeps a refusal 5 s, so each phase has its own.
+    early = _service_account(k8s_api, namespace, "unbound-early")
+    late = _service_account(k8s_api, namespace, "unbound-late")
+    assert http_call(worker.url("/v1/status"), early)[0] == 403
+    admin = cluster.local.admin_api()
+    with cluster.local.etcd_frozen():
+        wait_for(lambda: not admin.ok("/readyz"), 30, "the apiserver's /readyz to fail")
+        code, body = http_call(worker.url("/v1/status"), late)
+        assert code == 503, body
+        answer = json.loads(body)
+        assert answer["error"] == "AuthUnavailable"
+        assert answer["message"].startswith("unsettled, the apiserver is not ready (readyz: HTTP 500)")
+        assert "may not get agents.rollout.ckpt.dev" in answer["message"]
+        assert http_call(worker.url("/v1/status"), fleet.token)[0] == 200, "a granted caller still passes"
+    code, body = http_call(worker.url("/v1/status"), late)
+    assert code == 403, body
+
+
 def test_the_allow_list_fallback_ignores_rbac(
     fleet_factory: Callable[..., Fleet],
     operator_identity: OperatorIdentity,

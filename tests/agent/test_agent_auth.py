@@ -20,6 +20,7 @@ from ckpt_agent.auth import (
     decide_access_review,
     decide_token_review,
     review_failed,
+    settle_refusal,
 )
 from ckpt_agent.config import AgentConfig, AuthConfig, ConfigError
 from ckpt_e2e.procs import PortReservation
@@ -285,6 +286,43 @@ def test_a_token_review_without_an_answer_is_transient_only_when_the_apiserver_i
 )
 def test_an_access_review_without_an_answer(http_status: int | None, code: int, reason: str) -> None:
     assert review_failed(http_status, "access review", refused=403) == AuthDecision(code, reason)
+
+
+DENIED = AuthDecision(403, "user 'u' may not update agents.rollout.ckpt.dev in namespace 'rl'", "u")
+INVALID = AuthDecision(401, "token review: token not authenticated")
+
+
+@pytest.mark.parametrize(
+    ("refusal", "readyz", "expected"),
+    [
+        (DENIED, 200, DENIED),  # a ready apiserver's refusal stands
+        (INVALID, 200, INVALID),
+        (
+            DENIED,
+            500,  # e.g. its etcd away, or post-start hooks (RBAC bootstrap) still running
+            AuthDecision(
+                503, f"unsettled, the apiserver is not ready (readyz: HTTP 500): {DENIED.reason}", "u"
+            ),
+        ),
+        (
+            INVALID,
+            403,  # right after a restart even /readyz's own grant may not be loaded yet
+            AuthDecision(503, f"unsettled, the apiserver is not ready (readyz: HTTP 403): {INVALID.reason}"),
+        ),
+        (
+            DENIED,
+            None,
+            AuthDecision(
+                503, f"unsettled, the apiserver is not ready (readyz: no answer): {DENIED.reason}", "u"
+            ),
+        ),
+        (AuthDecision(200, "access review", "u"), 500, AuthDecision(200, "access review", "u")),
+    ],
+)
+def test_only_a_ready_apiservers_refusal_stands(
+    refusal: AuthDecision, readyz: int | None, expected: AuthDecision
+) -> None:
+    assert settle_refusal(refusal, readyz) == expected
 
 
 async def test_an_agent_whose_apiserver_is_away_answers_503_auth_unavailable(

@@ -6,7 +6,8 @@ authorized by SubjectAccessReview (kube-rbac-proxy's model, the default): may it
 (control routes), `get` (reads) or `get` the `relay` subresource (peers) of resource
 `agents.rollout.ckpt.dev` named after this pod in this pod's namespace; or, the explicit
 fallback, by a username allow-list. 401 = no or invalid credentials, 403 = valid but not
-allowed, 503 = the apiserver could not be asked.
+allowed, 503 = the apiserver could not be asked, or refused while not ready (see
+settle_refusal).
 """
 
 from __future__ import annotations
@@ -229,9 +230,25 @@ def review_failed(http_status: int | None, review: str = "token review", refused
     return AuthDecision(refused, f"{review} refused (HTTP {http_status})")
 
 
+def settle_refusal(refusal: AuthDecision, readyz: int | None) -> AuthDecision:
+    """A refusal (401/403) stands only if the apiserver that gave it was ready (its /readyz
+    answered ``readyz`` 200). Right after a restart kube-apiserver answers while its RBAC and
+    service-account caches still fill: a caller whose binding is not loaded yet reads as denied,
+    and so may this agent's own review create. Such an answer is no verdict: 503, ask again."""
+    if refusal.allowed or readyz == 200:
+        return refusal
+    seen = "no answer" if readyz is None else f"HTTP {readyz}"
+    return AuthDecision(
+        503, f"unsettled, the apiserver is not ready (readyz: {seen}): {refusal.reason}", refusal.username
+    )
+
+
 # How long one request waits for its TokenReview, and then for its SubjectAccessReview, before
 # it is answered 503 AuthUnavailable.
 TOKENREVIEW_TIMEOUT_S = 5.0
+# How long a 200 from /readyz vouches for the refusals that follow: refusals are rare, and this
+# bounds the extra calls a flood of bad tokens makes.
+READYZ_TRUST_S = 1.0
 
 
 class _Answers:
@@ -278,6 +295,27 @@ async def _review(call: Callable[..., Awaitable[Any]], body: Any, what: str) -> 
     return status if isinstance(status, dict) else {}
 
 
+async def _readyz(api_client: Any) -> int | None:
+    """The HTTP status of the apiserver's /readyz (None: no answer)."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    try:
+        response = await api_client.call_api(
+            "/readyz",
+            "GET",
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=TOKENREVIEW_TIMEOUT_S,
+        )
+        response.release()
+        return int(response.status)
+    except ApiException as exc:
+        return int(exc.status or 0) or None
+    except (OSError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        log.warning("apiserver /readyz failed: %r", exc)
+        return None
+
+
 @dataclass(frozen=True)
 class AccessReviewTarget:
     """This agent as RBAC sees it: its pod's namespace and name."""
@@ -311,6 +349,7 @@ class TokenReviewAuthenticator:
         self.relay_only = frozenset(relay_usernames) - frozenset(allowed_usernames)
         self._reviews = _Answers(ttl_seconds, negative_ttl_seconds)
         self._access = _Answers(ttl_seconds, negative_ttl_seconds)
+        self._ready_until = 0.0
 
     async def authenticate(self, token: str, method: str, path: str) -> AuthDecision:
         key = hashlib.sha256(token.encode()).hexdigest()
@@ -330,8 +369,11 @@ class TokenReviewAuthenticator:
         body = client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token, audiences=[self._audience]))
         status = await _review(client.AuthenticationV1Api(self._api).create_token_review, body, "TokenReview")
         if not isinstance(status, dict):
-            return review_failed(status)
-        return self._reviews.put(key, decide_token_review(status, self._audience, allowed))
+            return await self._settled(review_failed(status))
+        decision = decide_token_review(status, self._audience, allowed)
+        if decision.status == 401:  # the apiserver's word (our allow-list's is final)
+            decision = await self._settled(decision)
+        return decision if decision.status == 503 else self._reviews.put(key, decision)
 
     async def _access_review(
         self, key: str, user: UserInfo, target: AccessReviewTarget, access: Access
@@ -342,8 +384,17 @@ class TokenReviewAuthenticator:
         create = client.AuthorizationV1Api(self._api).create_subject_access_review
         status = await _review(create, body, "SubjectAccessReview")
         if not isinstance(status, dict):
-            return review_failed(status, "access review", refused=403)
-        return self._access.put((key, access), decide_access_review(status, user, access, target.namespace))
+            return await self._settled(review_failed(status, "access review", refused=403))
+        decision = await self._settled(decide_access_review(status, user, access, target.namespace))
+        return decision if decision.status == 503 else self._access.put((key, access), decision)
+
+    async def _settled(self, decision: AuthDecision) -> AuthDecision:
+        if decision.allowed or decision.status == 503 or time.monotonic() < self._ready_until:
+            return decision
+        readyz = await _readyz(self._api)
+        if readyz == 200:
+            self._ready_until = time.monotonic() + READYZ_TRUST_S
+        return settle_refusal(decision, readyz)
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
