@@ -125,6 +125,12 @@ class SourceRef(_Request):
         ),
         BeforeValidator(_peer),
     ] = None
+    relay_while_loading: bool = Field(
+        False,
+        alias="relayWhileLoading",
+        description="Other agents read this load while it runs (pipelined relay): verify each tensor "
+        "and serve it onward as soon as it matched (staged loads; others serve once complete)",
+    )
 
 
 K8sName = Annotated[str, Field(pattern=K8S_NAME_PATTERN)]

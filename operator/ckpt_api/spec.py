@@ -296,8 +296,21 @@ class Strategy(ApiModel):
         ),
     ] = 0
     peer_relay: Annotated[
-        bool, Field(description="Workers of later waves pull from already-updated peers")
+        bool,
+        Field(
+            description="Workers pull tensor bytes from peers: already-updated pods, and members of "
+            "their own wave that serve each tensor onward once verified (pipelined chains)"
+        ),
     ] = True
+    relay_fanout: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=16,
+            description="Loads one agent feeds at a time in peer relay (1: chains, each link "
+            "carrying each byte once; the source feeds one chain per wave besides)",
+        ),
+    ] = 1
     max_concurrency: Annotated[
         int, Field(ge=1, le=1024, description="Agents called at once within a wave")
     ] = 64

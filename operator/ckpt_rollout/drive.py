@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ckpt_api.agent_api import HealthCheckRequest, LoadChecks, RolloutRef, SourceRef, UpdateWeightsRequest
+from ckpt_api.relay_tree import feeds, relay_parents
 from ckpt_api.spec import HealthCheck
 from ckpt_api.status import WorkerStatus
 from ckpt_api.vocabulary import EventReason, EventType, WavePhase, WorkerPhase, WorkerReason, WorkerResult
@@ -265,24 +266,30 @@ def _plan_calls(d: Draft, target: Target, pods: list[str], *, report: bool) -> N
     if not pods:
         return
     body = request(d, target.version, target.wave, report=report, rollback=target.kind == "rollback")
-    peers = relay_peers(d, target.version)
     port = d.spec.agent.port
-    bodies = [body]
-    if peers and body.source is not None:
-        # Spread the wave over every updated peer, so relay fan-out doubles each wave.
-        source = body.source
-        bodies = [
-            body.model_copy(
+    parents: dict[str, str | None] = {}
+    if body.source is not None and d.spec.strategy.peer_relay and target.version == d.spec.version:
+        # Chains over the whole wave, not just this step's calls, so a member called again
+        # keeps its parent.
+        present = [p for p in target.members if p in d.rollout.pods]
+        parents = relay_parents(present, relay_peers(d, target.version), d.spec.strategy.relay_fanout)
+    feeding = feeds(parents)
+    for name in pods:
+        pod = d.rollout.pods[name]
+        parent = parents.get(name)
+        call_body = body
+        if body.source is not None and (parent is not None or name in feeding):
+            source = body.source
+            call_body = body.model_copy(
                 update={
                     "source": SourceRef(
                         uri=source.uri,
                         manifestDigest=source.manifest_digest,
-                        peer=agent_url(d.rollout.pods[peer].ip, port, tls=d.tuning.agent_tls),
+                        peer=None
+                        if parent is None
+                        else agent_url(d.rollout.pods[parent].ip, port, tls=d.tuning.agent_tls),
+                        relayWhileLoading=name in feeding,
                     )
                 }
             )
-            for peer in peers
-        ]
-    for position, name in enumerate(pods):
-        pod = d.rollout.pods[name]
-        d.plan.calls.append(Call(name, pod.ip, port, bodies[position % len(bodies)]))
+        d.plan.calls.append(Call(name, pod.ip, port, call_body))

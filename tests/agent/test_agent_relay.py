@@ -19,6 +19,8 @@ from agent_testkit import (
     static_token_agent,
 )
 
+from ckpt_agent.relay import peer as relay_peer
+
 
 async def _peer_with(
     tree: Tree, agent_factory: AgentFactory, token_file: Path, version: str, **overrides: Any
@@ -80,7 +82,8 @@ async def test_a_peer_serving_corrupted_bytes_cannot_inject_weights(
     tree: Tree, agent_factory: AgentFactory, token_file: Path, transport: str
 ) -> None:
     """The peer's kept copy is damaged after it verified it: the asking agent catches the bad
-    tensor with the source manifest's checksum, then loads the right bytes from the source."""
+    tensor with the source manifest's checksum, drops the peer and loads the rest from the
+    source, resuming by tensor (what verified from the peer stays)."""
     peer = await _peer_with(tree, agent_factory, token_file, "v2", relay_mooncake="tcp")
     copy = peer.agent.service.relay
     entry = copy.manifest.tensors[len(copy.manifest.tensors) // 2]
@@ -97,11 +100,14 @@ async def test_a_peer_serving_corrupted_bytes_cannot_inject_weights(
     assert last["fallback_reason"].startswith("ChecksumMismatch")
     assert entry.name in last["fallback_reason"]
     assert "sha256" in last["fallback_reason"], "peer bytes are checked against the sha256"
-    assert last["bytes_from_source"] == _total(tree, "v2")
-    # The peer's bytes up to the bad tensor were pulled too, then the whole version again.
+    total = _total(tree, "v2")
+    # The bad tensor and those after it from the source; those before it stayed as the peer sent them.
+    assert entry.nbytes <= last["bytes_from_source"] < total
+    assert 0 < last["bytes_from_peer"] < total
+    assert last["bytes_from_peer"] + last["bytes_from_source"] >= total
     pulled = "ckpt_agent_pulled_bytes_total"
-    assert 0 < await client.metric(pulled, {"origin": "peer"}) <= _total(tree, "v2")
-    assert await client.metric(pulled, {"origin": "source"}) == _total(tree, "v1") + _total(tree, "v2")
+    assert await client.metric(pulled, {"origin": "peer"}) == last["bytes_from_peer"]
+    assert await client.metric(pulled, {"origin": "source"}) == _total(tree, "v1") + last["bytes_from_source"]
     assert close_to(await client.infer(), tree.expected("v2"))
 
 
@@ -149,15 +155,22 @@ async def test_unreachable_peer_falls_back_to_the_source(
 
 
 async def test_peer_without_the_version_falls_back(
-    tree: Tree, agent_factory: AgentFactory, token_file: Path
+    tree: Tree, agent_factory: AgentFactory, token_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A peer may be called in the same moment (pipelined relay): the load waits for it to
+    relay the version, bounded (shortened here), then takes the source."""
+    monkeypatch.setattr(relay_peer, "PEER_START_WAIT_S", 1.0)
     peer = await _peer_with(tree, agent_factory, token_file, "v3")
     client = await static_token_agent(agent_factory, token_file, source=tree.file_uri, initial_version="v1")
     await client.wait_settled()
     assert (await client.update("v2", source={"uri": tree.file_uri, "peer": peer.url}))[0] == 202
     status = await client.wait_settled()
     assert status["version"] == "v2"
-    assert "HTTP 404" in status["last_load"]["fallback_reason"]
+    last = status["last_load"]
+    assert (
+        last["fallback_reason"] == f"SourceUnreachable: peer {peer.url}/v1/relay did not relay v2 within 1s"
+    )
+    assert (last["bytes_from_peer"], last["bytes_from_source"]) == (0, _total(tree, "v2"))
 
 
 async def test_relay_endpoints_need_the_token_and_serve_only_the_live_version(

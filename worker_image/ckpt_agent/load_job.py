@@ -7,6 +7,7 @@ them too; `ckpt_agent.engines.base` presents them as part of the engine interfac
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -42,12 +43,17 @@ class LoadJob:
     check_finite: bool = False
     # The smoke check to run once the version is applied (the service runs it; engines ignore it).
     health_check: HealthCheckRequest | None = None
+    # Pipelined relay: loaders that can (staged in-process) hand `publish_relay` their copy before
+    # the first tensor arrives, and mark each tensor servable once verified.
+    relay_while_loading: bool = False
+    publish_relay: Callable[[RelayCopy], None] | None = field(default=None, repr=False, compare=False)
 
     @property
     def must_verify(self) -> bool:
         """Bytes from a peer are untrusted: always verified, whatever the request asked. A pinned
         manifest digest is verified too: the pin covers the manifest, and only checking the bytes
-        against it extends the pin to them."""
+        against it extends the pin to them. (A load relayed while it runs verifies its tensors
+        too, but only where it is relayed: see relay.load.pull_into.)"""
         return self.verify_checksum or self.peer is not None or self.manifest_digest is not None
 
 

@@ -130,6 +130,11 @@ class InProcessLoader:
     ) -> RelayCopy | None:
         staging = StagingArea(manifest)
         relay: RelayCopy | None = None
+        # Pipelined relay: peers read this copy tensor by tensor while the pull below runs.
+        early = None
+        if self._relay and job.relay_while_loading and job.publish_relay is not None:
+            early = RelayCopy.in_progress(raw, manifest, staging, extra, asyncio.get_running_loop())
+            job.publish_relay(early)
         try:
 
             def pull() -> None:
@@ -141,6 +146,7 @@ class InProcessLoader:
                     progress,
                     chunk_bytes=self._chunk,
                     parallelism=self._parallelism,
+                    relay=early,
                 )
 
             await asyncio.to_thread(pull)
@@ -150,10 +156,12 @@ class InProcessLoader:
                 except Exception as exc:
                     await self._restore(job, _as_load_error(exc))
             if self._relay:
-                relay = RelayCopy.from_store(raw, manifest, staging, extra)
+                relay = early or RelayCopy.from_store(raw, manifest, staging, extra)
             return relay
         finally:
             if relay is None:
+                if early is not None:
+                    early.release()  # its readers stop; it never relays bytes of a failed load
                 staging.release()
 
     def _apply_all(self, manifest: Manifest, buffer_for: Callable[[TensorEntry], memoryview]) -> None:

@@ -51,10 +51,18 @@ class LoadProgress:
     bytes_total: int = 0
     bytes_done: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # A load that left its peer part way: why, and the bytes read until then (the peer's).
+    fallback_reason: str | None = None
+    bytes_before_fallback: int | None = None
 
     def add(self, n: int) -> None:
         with self._lock:
             self.bytes_done += n
+
+    def fall_back(self, reason: str) -> None:
+        with self._lock:
+            self.fallback_reason = reason
+            self.bytes_before_fallback = self.bytes_done
 
 
 @dataclass(frozen=True)
@@ -77,11 +85,16 @@ class Run:
         return sum(e.nbytes for e in self.entries)
 
 
-def plan_runs(manifest: Manifest, *, max_run_bytes: int | None = None) -> list[Run]:
+def plan_runs(
+    manifest: Manifest, *, max_run_bytes: int | None = None, only: Sequence[TensorEntry] | None = None
+) -> list[Run]:
     """Group each shard's tensors into ranged reads: contiguous (or nearly) tensors share a run;
-    `max_run_bytes` splits long runs so several streams can be read in parallel."""
+    `max_run_bytes` splits long runs so several streams can be read in parallel. `only`: just
+    these tensors (the rest of a load whose peer failed)."""
     runs: list[Run] = []
-    for file, entries in manifest.by_file.items():
+    wanted = None if only is None else {e.name for e in only}
+    for file, listed in manifest.by_file.items():
+        entries = listed if wanted is None else [e for e in listed if e.name in wanted]
         current: list[TensorEntry] = []
         size = 0
         for entry in entries:

@@ -240,6 +240,11 @@ class AgentService:
         if relay is not None:
             relay.release()
 
+    def _publish_relay(self, copy: RelayCopy) -> None:
+        """A load relayed while it runs: its copy is served from now on (tensor by tensor)."""
+        self._withdraw_relay()
+        self.relay = copy
+
     def _begin(self, req: UpdateWeightsRequest, bearer: str | None = None) -> asyncio.Task[LoadEnd]:
         source = req.source
         peer = source.peer if source else None
@@ -261,6 +266,8 @@ class AgentService:
             bearer=credential if peer else None,
             check_finite=req.checks is not None and req.checks.finite,
             health_check=req.health_check,
+            relay_while_loading=source is not None and source.relay_while_loading,
+            publish_relay=self._publish_relay,
         )
         # A load is about to change the weights (and may need the staging memory): stop relaying.
         self._withdraw_relay()
@@ -292,6 +299,8 @@ class AgentService:
             )
             if not isinstance(exc, LoadError):
                 log.exception("load of %s failed unexpectedly", job.version)
+            if self.relay is not None and not self.relay.complete:
+                self._withdraw_relay()  # a copy of the failed load, published while it ran
             seconds = time.monotonic() - started
             self._failed(job, error, rollout, seconds)
             return self._end(job, error, seconds, self.progress.bytes_done, False)
@@ -397,7 +406,10 @@ class AgentService:
 
     async def _attempt(self, job: LoadJob, rollout: str | None) -> LoadOutcome:
         # Each attempt from zero, counted by origin: a failing peer's bytes cost bandwidth too.
-        self.progress = _CountedProgress(counter=self.metrics.pulled(rollout, PEER if job.peer else SOURCE))
+        source = self.metrics.pulled(rollout, SOURCE)
+        self.progress = _CountedProgress(
+            counter=self.metrics.pulled(rollout, PEER) if job.peer else source, after_fallback=source
+        )
         return await self.engine.load(job, self.gate, self.progress)
 
     def _ready(self, message: str) -> None:
@@ -448,6 +460,13 @@ class AgentService:
         succeeded, if any."""
         loaded = outcome.bytes if outcome is not None else 0
         from_peer = outcome is not None and outcome.from_peer
+        peer_bytes, source_bytes = (loaded, 0) if from_peer else (self._peer_bytes, loaded)
+        fallback = self._fallback
+        left_at = self.progress.bytes_before_fallback
+        if from_peer and left_at is not None:
+            # The peer failed part way and the source sent the rest (resumed by tensor).
+            peer_bytes, source_bytes = left_at, max(self.progress.bytes_done - left_at, 0)
+            fallback = self.progress.fallback_reason
         self.last_load = LastLoad(
             version=job.version,
             phase=phase,
@@ -458,9 +477,9 @@ class AgentService:
             checksum_verified=verified,
             finished_at=rfc3339(),
             peer=job.peer,
-            bytes_from_peer=loaded if from_peer else self._peer_bytes,
-            bytes_from_source=0 if from_peer else loaded,
-            fallback_reason=self._fallback,
+            bytes_from_peer=peer_bytes,
+            bytes_from_source=source_bytes,
+            fallback_reason=fallback,
             health_check=None
             if self._check is None
             else HealthCheckResult(
@@ -528,7 +547,14 @@ class _CountedProgress(LoadProgress):
     throughput during a long load, not a spike at its end."""
 
     counter: prometheus_client.Counter = field(kw_only=True)
+    # Where bytes count once the load left its peer for the source part way.
+    after_fallback: prometheus_client.Counter | None = field(default=None, kw_only=True)
 
     def add(self, n: int) -> None:
         super().add(n)
         self.counter.inc(n)
+
+    def fall_back(self, reason: str) -> None:
+        super().fall_back(reason)
+        if self.after_fallback is not None:
+            self.counter = self.after_fallback

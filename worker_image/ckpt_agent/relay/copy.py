@@ -7,15 +7,23 @@ Which bytes a peer serves (decided per apply mode):
 - streamed: re-read from the live parameters, tensor by tensor (http only: no staging copy to
   register). A tensor that changed since the load (a new load began) is refused.
 Readers verify everything anyway; these rules keep an honest peer from serving torn data.
+
+A staged load asked to relay while it loads (`relayWhileLoading`, pipelined relay) publishes its
+copy before the first tensor arrives: each tensor is served once the load verified it, a reader
+of one not yet there waits for it (`NotReady`), and a failed load's copy is released.
 The version's non-weight files (config, tokenizer, index) are small and kept in memory with the
 copy, verified, whatever the apply mode: a peer serves them as it received them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import bisect
+import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 
 from ckpt_agent.manifest import Manifest, TensorEntry
 from ckpt_agent.staging import TensorStore
@@ -28,6 +36,13 @@ class RelayGone(Exception):
 
 
 _PIECE = 1 << 20
+
+
+@dataclass(frozen=True)
+class NotReady:
+    """What `iter_range` yields for a tensor the load has not verified yet: wait, then go on."""
+
+    entry: TensorEntry
 
 
 class RelayCopy:
@@ -52,6 +67,81 @@ class RelayCopy:
         self._lock = threading.Lock()
         self._on_release: list[Callable[[], None]] = []
         self.released = False
+        # Pipelined relay: the tensors verified so far, and how waiting readers learn of more.
+        self.complete = True
+        self._ready: set[str] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._changed: asyncio.Future[None] | None = None
+
+    @classmethod
+    def in_progress(
+        cls,
+        manifest_raw: bytes,
+        manifest: Manifest,
+        store: TensorStore,
+        extra_files: Mapping[str, bytes],
+        loop: asyncio.AbstractEventLoop,
+    ) -> RelayCopy:
+        """The copy of a load still running: tensors are served as `mark_ready` adds them."""
+        copy = cls.from_store(manifest_raw, manifest, store, extra_files)
+        copy.complete = False
+        copy._loop = loop
+        return copy
+
+    def mark_ready(self, entry: TensorEntry) -> None:
+        """The load verified `entry` (any thread)."""
+        with self._lock:
+            self._ready.add(entry.name)
+        self._wake()
+
+    def finish(self) -> None:
+        """The load verified every tensor."""
+        with self._lock:
+            self.complete = True
+        self._wake()
+
+    def is_ready(self, entry: TensorEntry) -> bool:
+        return self.complete or entry.name in self._ready
+
+    def ready_between(self, file: str, start: int, end: int) -> bool:
+        """Whether every tensor of `file` overlapping [start, end) may be served."""
+        return self.complete or all(
+            e.name in self._ready
+            for e in self.manifest.by_file.get(file, [])
+            if e.offset < end and e.end > start
+        )
+
+    async def wait_until(self, ready: Callable[[], bool], limit_s: float) -> bool:
+        """Wait (on the copy's loop) until `ready()` holds, at most `limit_s` seconds; whether it
+        does. Raises RelayGone once the copy is released (its load failed)."""
+        deadline = time.monotonic() + limit_s
+        while True:
+            if self.released:
+                raise RelayGone(f"{self.version} is no longer relayed (its load failed)")
+            if self._loop is None:
+                return ready()
+            if self._changed is None or self._changed.done():
+                self._changed = self._loop.create_future()
+            # Checked after the future exists: a tensor marked from now on resolves it.
+            if ready():
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._changed), left)
+
+    def _wake(self) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+
+        def wake() -> None:
+            waiting = self._changed
+            if waiting is not None and not waiting.done():
+                waiting.set_result(None)
+
+        loop.call_soon_threadsafe(wake)
 
     @classmethod
     def from_store(
@@ -69,9 +159,10 @@ class RelayCopy:
             return len(self.extra_files[file])
         return self.manifest.files.get(file)
 
-    def iter_range(self, file: str, start: int, end: int) -> Iterator[bytes | memoryview]:
+    def iter_range(self, file: str, start: int, end: int) -> Iterator[bytes | memoryview | NotReady]:
         """Bytes [start, end) of `file` in the original shard layout, in pieces of at most 1 MiB;
-        bytes between tensors (header, padding) come out as zeros. Blocking."""
+        bytes between tensors (header, padding) come out as zeros. Blocking. Before a tensor a
+        running load has not verified yet: `NotReady` (pull again once it is)."""
         extra = self.extra_files.get(file)
         if extra is not None:
             view = memoryview(extra)
@@ -92,6 +183,10 @@ class RelayCopy:
             if entry.offset > pos:
                 yield from _zeros(entry.offset - pos)
                 pos = entry.offset
+            while not self.is_ready(entry):
+                if self.released:
+                    raise RelayGone(f"{self.version} is no longer relayed (its load failed)")
+                yield NotReady(entry)
             data = self._read_tensor(entry)
             hi = min(end, entry.end)
             for lo in range(pos, hi, _PIECE):
@@ -109,6 +204,7 @@ class RelayCopy:
                 return
             self.released = True
             hooks, self._on_release = self._on_release, []
+        self._wake()
         for fn in hooks:
             fn()
         if self.store is not None:

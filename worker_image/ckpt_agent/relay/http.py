@@ -5,10 +5,13 @@
                                             (the layout `HttpTransport` reads)
     GET /v1/relay/<version>/<extra file>    a non-weight file (config, tokenizer, index), as
                                             verified; also how a Mooncake peer serves these
+    GET /v1/relay/<version>/<shard>?ready=a-b  {"ready", "complete"}: whether a running load
+                                            verified every tensor of bytes [a, b) (waits up to 5 s)
     GET /v1/mooncake/<version>              Mooncake descriptor of the relay copy (when the agent
                                             runs with --relay-mooncake tcp|rdma)
 
-Only the version this agent loaded and verified, while it is live: anything else is 404, and
+Only the version this agent loaded and verified, while it is live, or the one it loads while
+asked to relay it as it loads (tensor by tensor, each once verified): anything else is 404, and
 the asking agent falls back to the source.
 """
 
@@ -18,12 +21,13 @@ import asyncio
 import logging
 import re
 from collections.abc import Callable, Iterator
+from functools import partial
 
 from aiohttp import web
 
 from ckpt_agent.manifest import MANIFEST_NAME
 from ckpt_agent.mooncake.descriptor import Descriptor
-from ckpt_agent.relay.copy import RelayCopy, RelayGone
+from ckpt_agent.relay.copy import NotReady, RelayCopy, RelayGone
 from ckpt_agent.relay.export import RelayExporter
 from ckpt_api.vocabulary import ErrorCode
 
@@ -32,6 +36,10 @@ log = logging.getLogger(__name__)
 _RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
 
 CurrentCopy = Callable[[], RelayCopy | None]
+
+# How long one wait for a tensor of a running load lasts before it looks again (`?ready=` answers
+# then, false); a stream waits as long as the load runs.
+READY_WAIT_S = 5.0
 
 
 def _not_relayable(message: str) -> web.Response:
@@ -60,12 +68,18 @@ async def _stream(
     request: web.Request, copy: RelayCopy, file: str, start: int, end: int, status: int
 ) -> web.StreamResponse:
     size = copy.file_size(file) or 0
-    pieces: Iterator[bytes | memoryview] = copy.iter_range(file, start, end)
+    pieces: Iterator[bytes | memoryview | NotReady] = copy.iter_range(file, start, end)
     done = object()
 
     async def next_piece() -> object:
         # Reading a piece may copy from the live parameters under the engine lock: off-loop.
-        return await asyncio.to_thread(next, pieces, done)
+        while True:
+            piece = await asyncio.to_thread(next, pieces, done)
+            if not isinstance(piece, NotReady):
+                return piece
+            # A tensor the running load has not verified yet: wait here, on the loop (no thread
+            # held), as long as the load lives; the reader's own timeout bounds its wait.
+            await copy.wait_until(partial(copy.is_ready, piece.entry), READY_WAIT_S)
 
     try:
         piece = await next_piece()
@@ -93,6 +107,23 @@ async def _stream(
     return resp
 
 
+async def _readiness(copy: RelayCopy, file: str, wanted: str, size: int) -> web.Response:
+    """`?ready=<start>-<end>`: whether every tensor of that byte range is verified, answered once
+    it is or after READY_WAIT_S. What a Mooncake reader asks before reading registered memory
+    that a running load may still be filling (an http reader just streams)."""
+    match = re.fullmatch(r"(\d+)-(\d+)", wanted)
+    if not match or int(match.group(1)) >= int(match.group(2)):
+        return web.json_response(
+            {"error": ErrorCode.INVALID_REQUEST, "message": "ready=<start>-<end>, start < end"}, status=400
+        )
+    start, end = int(match.group(1)), min(int(match.group(2)), size)
+    try:
+        ready = await copy.wait_until(lambda: copy.ready_between(file, start, end), READY_WAIT_S)
+    except RelayGone as exc:
+        return _not_relayable(str(exc))
+    return web.json_response({"ready": ready, "complete": copy.complete})
+
+
 def add_relay_routes(app: web.Application, current: CurrentCopy, exporter: RelayExporter | None) -> None:
     async def relay_file(request: web.Request) -> web.StreamResponse:
         version, file = request.match_info["version"], request.match_info["file"]
@@ -106,6 +137,8 @@ def add_relay_routes(app: web.Application, current: CurrentCopy, exporter: Relay
             return web.json_response(
                 {"error": ErrorCode.NOT_FOUND, "message": f"{version} has no file {file}"}, status=404
             )
+        if "ready" in request.query:
+            return await _readiness(copy, file, request.query["ready"], size)
         wanted = _parse_range(request.headers.get("Range"), size)
         if wanted is None:
             return await _stream(request, copy, file, 0, size, 200)

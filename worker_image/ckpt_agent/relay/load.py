@@ -4,6 +4,8 @@ and registering destination memory with transports that want it (RDMA)."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol
@@ -11,12 +13,15 @@ from typing import TYPE_CHECKING, Protocol
 from ckpt_agent.errors import LoadError, Reason
 from ckpt_agent.mooncake.runtime import MooncakeUnavailable
 from ckpt_agent.reader import LoadProgress, fetch_manifest_raw, plan_runs, read_runs
-from ckpt_agent.relay.peer import PeerError, PeerTransport, open_peer_transport
+from ckpt_agent.relay.copy import RelayCopy
+from ckpt_agent.relay.peer import PeerError, PeerTransport, is_peer_fault, open_peer_transport
 from ckpt_agent.transport import RegistersBuffers, Transport, open_transport
 
 if TYPE_CHECKING:
     from ckpt_agent.load_job import LoadJob
     from ckpt_agent.manifest import Manifest, TensorEntry
+
+log = logging.getLogger(__name__)
 
 
 def open_load_transport(source_uri: str, peer: str | None, bearer: str | None) -> Transport:
@@ -62,25 +67,58 @@ def pull_into(
     *,
     chunk_bytes: int,
     parallelism: int,
+    relay: RelayCopy | None = None,
 ) -> None:
     """Every tensor of `manifest` into `target`'s buffers, verified (and checked finite) when the
-    job asks for it."""
-    # Several streams only pay off when there is more than one chunk per stream.
-    max_run = max(manifest.total_bytes // max(parallelism, 1), chunk_bytes)
-    with registered(transport, job.version, target.regions()):
-        read_runs(
-            transport,
+    job asks for it, or when `relay` serves each onward as soon as it is (pipelined relay).
+
+    A peer that fails part way (gone, stalled, wrong bytes) is dropped for the rest of the load:
+    the tensors it delivered and that verified stay, the others come from the source."""
+    verify = job.must_verify or relay is not None
+    landed: set[str] = set()
+    lock = threading.Lock()
+
+    def on_tensor(entry: TensorEntry, _buf: memoryview) -> None:
+        with lock:
+            landed.add(entry.name)
+        if relay is not None:
+            relay.mark_ready(entry)
+
+    def read(reader: Transport, entries: Sequence[TensorEntry]) -> None:
+        # Several streams only pay off when there is more than one chunk per stream.
+        nbytes = sum(e.nbytes for e in entries)
+        max_run = max(nbytes // max(parallelism, 1), chunk_bytes)
+        with registered(reader, job.version, target.regions()):
+            read_runs(
+                reader,
+                job.version,
+                plan_runs(manifest, max_run_bytes=max_run, only=entries),
+                buffer_for=target.buffer,
+                on_tensor=on_tensor,
+                verify=verify,
+                progress=progress,
+                cancelled=job.cancel.is_set,
+                chunk_bytes=chunk_bytes,
+                parallelism=parallelism,
+                check_finite=job.check_finite,
+            )
+
+    try:
+        read(transport, manifest.tensors)
+    except LoadError as exc:
+        if not isinstance(transport, PeerTransport) or exc.weights_lost or not is_peer_fault(exc):
+            raise
+        progress.fall_back(f"{exc.reason}: {exc.message}")
+        log.warning(
+            "peer %s failed loading %s (%s); the %d tensors it did not deliver come from the source",
+            transport.peer_uri,
             job.version,
-            plan_runs(manifest, max_run_bytes=max_run),
-            buffer_for=target.buffer,
-            on_tensor=lambda _e, _b: None,
-            verify=job.must_verify,
-            progress=progress,
-            cancelled=job.cancel.is_set,
-            chunk_bytes=chunk_bytes,
-            parallelism=parallelism,
-            check_finite=job.check_finite,
+            exc.message,
+            len(manifest.tensors) - len(landed),
         )
+        read(transport.source, [e for e in manifest.tensors if e.name not in landed])
+    if relay is not None:
+        relay.finish()
 
 
 async def open_version(job: LoadJob, max_manifest_bytes: int) -> tuple[Transport, Manifest, str, bytes]:

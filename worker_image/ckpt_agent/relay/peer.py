@@ -7,17 +7,23 @@ to fall back to the original source for the whole load.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 
 from ckpt_agent.errors import LoadError, Reason
+from ckpt_agent.manifest import DEFAULT_MAX_MANIFEST_BYTES
 from ckpt_agent.transport import ByteStream, Transport
 from ckpt_agent.transport.base import RegistersBuffers
 from ckpt_api.agent_api import check_peer_uri
 from ckpt_api.tls import ReloadingContext
 
 RELAY_PATH = "/v1/relay"
+# How long a load waits for its peer to begin relaying the version (it may be called at the same
+# moment), and how often it looks.
+PEER_START_WAIT_S = 10.0
+_PEER_START_POLL_S = 0.05
 
 
 class PeerError(LoadError):
@@ -84,11 +90,39 @@ class PeerTransport:
         self.peer_uri = peer.uri
         self._source = source
         self._peer = peer
+        self._relaying: set[str] = set()
+
+    @property
+    def source(self) -> Transport:
+        """The original source: where a load goes on once the peer failed."""
+        return self._source
 
     def fetch_manifest(self, version: str, max_bytes: int) -> bytes:
         return self._source.fetch_manifest(version, max_bytes)
 
+    def _await_relaying(self, version: str) -> None:
+        """Pipelined relay calls a wave's members at once: a peer of the same wave may not have
+        begun its own load when this one first reads. Wait for it (bounded), then read."""
+        if version in self._relaying:
+            return
+        deadline = time.monotonic() + PEER_START_WAIT_S
+        while True:
+            try:
+                self._peer.fetch_manifest(version, DEFAULT_MAX_MANIFEST_BYTES)
+                break
+            except LoadError as exc:
+                if exc.reason != Reason.VERSION_NOT_FOUND:
+                    raise _peer_error(exc, self.peer_uri) from None
+                if time.monotonic() > deadline:
+                    raise PeerError(
+                        Reason.SOURCE_UNREACHABLE,
+                        f"peer {self.peer_uri} did not relay {version} within {PEER_START_WAIT_S:g}s",
+                    ) from None
+            time.sleep(_PEER_START_POLL_S)
+        self._relaying.add(version)
+
     def open_range(self, version: str, file: str, start: int, end: int) -> ByteStream:
+        self._await_relaying(version)
         try:
             stream = self._peer.open_range(version, file, start, end)
         except LoadError as exc:

@@ -8,6 +8,7 @@ several times faster than iterating aiohttp's stream at these sizes.
 from __future__ import annotations
 
 import http.client
+import json
 import re
 import socket
 import ssl
@@ -156,6 +157,25 @@ class HttpTransport:
         if conn.sock is not None:
             conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
         return _HttpStream(conn, resp, file)
+
+    def ready(self, version: str, file: str, start: int, end: int) -> tuple[bool, bool]:
+        """A relaying agent's `?ready=` answer for bytes [start, end) of `file`: (every tensor
+        there verified, the whole copy complete); see relay.http."""
+        path = f"/{quote(version)}/{quote(file)}?ready={start}-{end}"
+        conn, resp = self._request(path, {})
+        try:
+            body = resp.read(4096)
+        except (OSError, http.client.HTTPException) as exc:
+            raise LoadError(Reason.SOURCE_UNREACHABLE, f"{self.uri}: {exc}") from None
+        finally:
+            conn.close()
+        if resp.status != 200:
+            raise LoadError(Reason.SOURCE_UNREACHABLE, f"{self.uri} answered HTTP {resp.status} for {file}")
+        try:
+            answer = json.loads(body)
+            return bool(answer["ready"]), bool(answer["complete"])
+        except (ValueError, KeyError, TypeError):
+            raise LoadError(Reason.SOURCE_UNREACHABLE, f"{self.uri} sent a bad readiness answer") from None
 
     def close(self) -> None:
         pass

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import http.client
+import time
 from collections.abc import Callable
 from urllib.parse import quote, urlsplit
 
@@ -48,7 +49,10 @@ class _MooncakeStream:
         name: str,
         start: int,
         end: int,
+        wait_ready: Callable[[int, int], None] | None = None,
     ) -> None:
+        # `wait_ready(lo, hi)`: returns once a peer still loading has verified bytes [lo, hi).
+        self._wait_ready = wait_ready
         self._engine = engine
         self._session = session
         self._extents = shard.extents
@@ -95,6 +99,8 @@ class _MooncakeStream:
             raise ValueError("read past the end of the requested range")
         if want == 0:
             return
+        if self._wait_ready is not None:
+            self._wait_ready(self._pos, self._pos + want)
         local = runtime.address_of(buf)
         if self._engine.covers(local, want):
             self._transfer(local, self._pos, want, buf)
@@ -148,6 +154,9 @@ class MooncakeTransport:
         self._timeout = timeout
         self._descriptors: dict[str, Descriptor] = {}
         self._registered: list[tuple[runtime.MooncakeEngine, int]] = []
+        # A peer agent's copy may be a load still running (pipelined relay), until it says not.
+        self._peer = bool(files_path)
+        self._complete: set[str] = set()
 
     def _descriptor(self, version: str, max_manifest_bytes: int) -> Descriptor:
         cached = self._descriptors.get(version)
@@ -227,7 +236,34 @@ class MooncakeTransport:
                 Reason.TRUNCATED_SHARD, f"shard {file} at {self.uri} is {shard.size} bytes, need {end}"
             )
         engine = self._engine(descriptor.protocol)
-        return _MooncakeStream(engine, descriptor.session, shard, file, start, end)
+        waits = self._peer and version not in self._complete
+        return _MooncakeStream(
+            engine,
+            descriptor.session,
+            shard,
+            file,
+            start,
+            end,
+            wait_ready=(lambda lo, hi: self._wait_ready(version, file, lo, hi)) if waits else None,
+        )
+
+    def _wait_ready(self, version: str, file: str, start: int, end: int) -> None:
+        """A peer that relays while it loads registered memory it is still filling: read a
+        tensor only once it says it verified it, within this transport's timeout."""
+        if version in self._complete:
+            return
+        deadline = time.monotonic() + self._timeout
+        while True:
+            ready, complete = self._files.ready(version, file, start, end)
+            if complete:
+                self._complete.add(version)
+            if ready:
+                return
+            if time.monotonic() > deadline:
+                raise LoadError(
+                    Reason.SOURCE_UNREACHABLE,
+                    f"{self.uri} has not verified bytes {start}-{end} of {file} within {self._timeout:g}s",
+                )
 
     def close(self) -> None:
         for engine, addr in self._registered:
