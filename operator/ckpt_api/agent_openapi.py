@@ -194,7 +194,10 @@ ENDPOINTS: tuple[Endpoint, ...] = (
 _AUTH_ERRORS: dict[int, tuple[str, Body]] = {
     401: ("No bearer token, or one that is not valid for this agent", ErrorBody),
     403: ("A valid token of a caller this agent does not allow", ErrorBody),
-    503: ("The token could not be reviewed: the apiserver is away or not ready (AuthUnavailable; call again)", ErrorBody),
+    503: (
+        "The token could not be reviewed: the apiserver is away or not ready (AuthUnavailable; call again)",
+        ErrorBody,
+    ),
 }
 
 
