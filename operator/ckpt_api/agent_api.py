@@ -125,8 +125,8 @@ class SourceRef(_Request):
         ),
         BeforeValidator(_peer),
     ] = None
-    relay_while_loading: bool = Field(
-        False,
+    relay_while_loading: bool | None = Field(
+        None,
         alias="relayWhileLoading",
         description="Other agents read this load while it runs (pipelined relay): verify each tensor "
         "and serve it onward as soon as it matched (staged loads; others serve once complete)",

@@ -28,6 +28,9 @@ class WorkerStatus(ApiModel):
     message: str | None = None
     checksum_verified: bool | None = None
     bytes: Annotated[int | None, Field(ge=0)] = None
+    bytes_from_peers: Annotated[
+        int | None, Field(ge=0, description="Of the bytes pulled, those from peers (the rest: the source)")
+    ] = None
     seconds: Annotated[float | None, Field(ge=0)] = None
     last_transition_time: str | None = None
     live_version: Annotated[
@@ -90,6 +93,12 @@ class WaveStatus(ApiModel):
     updated: Annotated[int, Field(ge=0, description="Pods updated, folded out of workers")] = 0
     failed: Annotated[int, Field(ge=0)] = 0
     gone: Annotated[int, Field(ge=0, description="Members that disappeared mid-wave")] = 0
+    bytes_from_source: Annotated[
+        int | None, Field(ge=0, description="Bytes the updated members pulled from the source")
+    ] = None
+    bytes_from_peers: Annotated[
+        int | None, Field(ge=0, description="Bytes the updated members pulled from peers (relay)")
+    ] = None
     started_at: str | None = None
     completed_at: str | None = None
     analysis: Annotated[

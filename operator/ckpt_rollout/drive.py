@@ -279,17 +279,10 @@ def _plan_calls(d: Draft, target: Target, pods: list[str], *, report: bool) -> N
         parent = parents.get(name)
         call_body = body
         if body.source is not None and (parent is not None or name in feeding):
-            source = body.source
-            call_body = body.model_copy(
-                update={
-                    "source": SourceRef(
-                        uri=source.uri,
-                        manifestDigest=source.manifest_digest,
-                        peer=None
-                        if parent is None
-                        else agent_url(d.rollout.pods[parent].ip, port, tls=d.tuning.agent_tls),
-                        relayWhileLoading=name in feeding,
-                    )
-                }
-            )
+            relayed = body.source.model_dump(by_alias=True, exclude_unset=True)
+            if parent is not None:
+                relayed["peer"] = agent_url(d.rollout.pods[parent].ip, port, tls=d.tuning.agent_tls)
+            if name in feeding:
+                relayed["relayWhileLoading"] = True
+            call_body = body.model_copy(update={"source": SourceRef.model_validate(relayed)})
         d.plan.calls.append(Call(name, pod.ip, port, call_body))

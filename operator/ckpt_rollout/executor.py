@@ -200,8 +200,14 @@ def record_pull(memory: Memory, pull: Pull, result: CallResult, now: float, stam
     if not result.accepted or result.agent_status is None:
         return  # unreachable for now: the worker timeout decides
     outcome, reason, message = pulled_outcome(result.agent_status, target=pull.version)
+    last = result.agent_status.last_load
+    moved = last if last is not None and last.version == pull.version else None
     if outcome is Outcome.UPDATED or outcome is Outcome.FAILED:
         memory.heard[pull.pod] = WorkerStatus(
+            bytes=moved.bytes if moved is not None else None,
+            bytes_from_peers=moved.bytes_from_peer
+            if moved is not None and outcome is Outcome.UPDATED
+            else None,
             version=pull.version,
             phase=WorkerPhase.UPDATED if outcome is Outcome.UPDATED else WorkerPhase.FAILED,
             reason=reason,

@@ -41,7 +41,7 @@ from ckpt_api.vocabulary import (
 from ckpt_rollout import analyzing
 from ckpt_rollout.conditions import Verdict
 from ckpt_rollout.drive import Target, drive, fold_heard, fold_settled
-from ckpt_rollout.outcomes import Outcome
+from ckpt_rollout.outcomes import Outcome, transfer_split
 from ckpt_rollout.pinning import unpinned_note
 from ckpt_rollout.plan import (
     Draft,
@@ -521,6 +521,8 @@ def _complete_wave(d: Draft, index: int, outcomes: dict[str, Outcome]) -> bool:
 
     updated = [p for p, o in outcomes.items() if o is Outcome.UPDATED]
     gone = [p for p, o in outcomes.items() if o is Outcome.GONE]
+    # Before the entries are folded away: where the wave's bytes came from.
+    d.set_wave(index, **transfer_split([workers[p] for p in updated if p in workers]))
     wave = d.status.waves[index]
     if d.spec.strategy.analysis is not None and wave.analysis is None and wave.kind is WaveKind.SPEC:
         analyzing.begin(d, index, updated=len(updated), failed=len(failed_here), gone=len(gone))

@@ -1,5 +1,6 @@
 """What a worker's reports say about its load of the target version. Pure; table-tested."""
 
+from collections.abc import Sequence
 from enum import Enum, auto
 
 from ckpt_api.agent_api import AgentStatus
@@ -43,3 +44,14 @@ def pulled_outcome(agent_status: AgentStatus, *, target: str) -> tuple[Outcome, 
     if error is not None and error.version == target:
         return Outcome.FAILED, error.reason or WorkerReason.LOAD_FAILED, error.message
     return Outcome.LOST, "", ""
+
+
+def transfer_split(entries: Sequence[WorkerStatus]) -> dict[str, int | None]:
+    """Where the bytes of a wave's updated members came from, as WaveStatus fields; None when
+    no entry says (agents that report no byte counts)."""
+    known = [e for e in entries if e.bytes is not None]
+    if not known:
+        return {"bytes_from_source": None, "bytes_from_peers": None}
+    total = sum(e.bytes or 0 for e in known)
+    peers = sum(min(e.bytes_from_peers or 0, e.bytes or 0) for e in known)
+    return {"bytes_from_source": total - peers, "bytes_from_peers": peers}

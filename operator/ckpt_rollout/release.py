@@ -182,8 +182,8 @@ def summary(
     obj: dict[str, Any], version: str, seconds: float, loaded: dict[str, int], published_bytes: int | None
 ) -> str:
     """One line: what was released where, how it ended, how long it took, workers updated,
-    and the bytes the workers pulled. The status does not record which of those bytes came from
-    the source and which from peers; without peer relay they all came from the source."""
+    and the bytes the workers pulled, split by origin as the waves record it (source, peers);
+    without that record and without peer relay they all came from the source."""
     meta = obj.get("metadata") or {}
     status = obj.get("status") or {}
     spec = obj.get("spec") or {}
@@ -196,7 +196,15 @@ def summary(
     else:
         known = "" if len(loaded) >= updated else f" (of {len(loaded)}/{updated} workers)"
         relay = (spec.get("strategy") or {}).get("peerRelay", True)
-        split = "source/peers n/a" if relay else f"{human_bytes(total)} from source, 0 B from peers"
+        recorded = [w for w in waves if w.get("bytesFromSource") is not None]
+        if recorded:
+            source = sum(int(w["bytesFromSource"]) for w in recorded)
+            peers = sum(int(w.get("bytesFromPeers") or 0) for w in recorded)
+            split = f"{human_bytes(source)} from source, {human_bytes(peers)} from peers"
+        elif relay:
+            split = "source/peers n/a"
+        else:
+            split = f"{human_bytes(total)} from source, 0 B from peers"
         pulled = f"{human_bytes(total)} pulled{known}, {split}"
     published = "" if published_bytes is None else f"published {human_bytes(published_bytes)}; "
     return (

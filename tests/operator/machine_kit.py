@@ -145,6 +145,15 @@ def sources(plan: Plan) -> set[str | None]:
     return {c.request.source.peer if c.request.source else None for c in plan.calls}
 
 
+def relays(plan: Plan) -> dict[str, tuple[str | None, bool | None]]:
+    """Each call's (peer, relayWhileLoading), by pod: the chains of a pipelined wave."""
+    return {
+        c.pod: (c.request.source.peer, c.request.source.relay_while_loading)
+        for c in plan.calls
+        if c.request.source is not None
+    }
+
+
 def assert_decides(case: Case) -> None:
     """The row's state, and the plan it must produce."""
     assert classify(Draft(case.rollout, case.memory, TUNING, NOW)) is case.state

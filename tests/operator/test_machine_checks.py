@@ -7,6 +7,7 @@ from __future__ import annotations
 from machine_kit import (
     CANARY,
     EARLIER,
+    ORDER,
     REST,
     TUNING,
     Case,
@@ -66,7 +67,8 @@ CASES = [
         events=[EventReason.WAVE_COMPLETED, EventReason.WAVE_STARTED],
         wake=TUNING.pull_after_s,
         observe=asked,
-        observed=[("v2", True, True)] * len(REST),
+        # The member the source feeds (the second in wave order) is the one not relayed.
+        observed=[("v2", True, pod != ORDER[2]) for pod in REST],
     ),
     Case(
         "a-rollback-call-never-asks-for-it",

@@ -26,6 +26,7 @@ from machine_kit import (
     entry,
     ip,
     progressing,
+    relays,
     reports,
     rollout,
     sources,
@@ -143,8 +144,47 @@ CASES = [
         calls=REST,
         events=[EventReason.WAVE_COMPLETED, EventReason.WAVE_STARTED],
         wake=TUNING.pull_after_s,
-        observe=lambda p: {c.request.source.peer for c in p.calls if c.request.source},
-        observed={f"http://10.0.0.{PODS.index(CANARY) + 1}:8089"},
+        # Chains (relayFanout 1): the canary feeds the first member, the source the second, the
+        # first (serving while it loads) the third.
+        observe=relays,
+        observed={
+            ORDER[1]: (url(CANARY), True),
+            ORDER[2]: (None, None),
+            ORDER[3]: (url(ORDER[1]), None),
+        },
+    ),
+    Case(
+        "a-wider-relay-fanout-makes-trees",
+        rollout(
+            progressing(wave(0, [CANARY]), workers={CANARY: entry("v2", "Updated")}),
+            spec={"strategy": {"waves": [1, "100%"], "relayFanout": 2}},
+        ),
+        State.ADVANCE,
+        Phase.PROGRESSING,
+        calls=REST,
+        events=[EventReason.WAVE_COMPLETED, EventReason.WAVE_STARTED],
+        wake=TUNING.pull_after_s,
+        observe=relays,
+        # The canary feeds two, the source one: no member needs to serve while it loads.
+        observed={
+            ORDER[1]: (url(CANARY), None),
+            ORDER[2]: (url(CANARY), None),
+            ORDER[3]: (None, None),
+        },
+    ),
+    Case(
+        "without-peer-relay-every-call-reads-the-source",
+        rollout(
+            progressing(wave(0, [CANARY]), workers={CANARY: entry("v2", "Updated")}),
+            spec={"strategy": {"waves": [1, "100%"], "peerRelay": False}},
+        ),
+        State.ADVANCE,
+        Phase.PROGRESSING,
+        calls=REST,
+        events=[EventReason.WAVE_COMPLETED, EventReason.WAVE_STARTED],
+        wake=TUNING.pull_after_s,
+        observe=relays,
+        observed=dict.fromkeys(ORDER[1:], (None, None)),
     ),
     Case(
         "with-agent-tls-the-peer-handed-out-is-https",
@@ -156,7 +196,7 @@ CASES = [
         wake=TUNING.pull_after_s,
         tuning=Tuning(agent_tls=True),
         observe=lambda p: {c.request.source.peer for c in p.calls if c.request.source},
-        observed={f"https://10.0.0.{PODS.index(CANARY) + 1}:8089"},
+        observed={None, *(url(pod).replace("http:", "https:") for pod in (CANARY, ORDER[1]))},
     ),
     Case(
         "every-call-of-the-spec-version-carries-its-digest-and-checksum-flag-relayed-or-not",
@@ -174,7 +214,7 @@ CASES = [
             {c.request.source and c.request.source.manifest_digest for c in p.calls},
             sources(p),
         ),
-        observed=({(8089, "v2", True)}, {DIGEST}, {url(CANARY)}),
+        observed=({(8089, "v2", True)}, {DIGEST}, {url(CANARY), None, url(ORDER[1])}),
     ),
     Case(
         "without-peer-relay-later-waves-load-from-the-source",
@@ -207,8 +247,8 @@ CASES = [
         calls=ORDER[2:],
         events=[EventReason.WORKER_FAILED, EventReason.WAVE_COMPLETED, EventReason.WAVE_STARTED],
         wake=TUNING.pull_after_s,
-        observe=sources,
-        observed={url(ORDER[0])},
+        observe=relays,
+        observed={ORDER[2]: (url(ORDER[0]), None), ORDER[3]: (None, None)},
     ),
     Case(
         "a-member-back-after-being-gone-is-called-and-the-called-stay-recorded",

@@ -41,6 +41,7 @@ def worker_entry(
     wave: int | None = None,
     uid: str | None = None,
     manifest_digest: str | None = None,
+    bytes_from_peers: int | None = None,
 ) -> WorkerStatus:
     """This pod's entry. `version`: the version the entry is about (the one requested);
     `live_version`: what the worker serves now (differs from `version` after a failure);
@@ -53,6 +54,7 @@ def worker_entry(
         message=clip(message),
         checksum_verified=checksum_verified,
         bytes=bytes,
+        bytes_from_peers=bytes_from_peers,
         seconds=round(seconds, 3),
         last_transition_time=last_transition_time,
         live_version=live_version,

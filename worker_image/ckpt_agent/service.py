@@ -266,7 +266,7 @@ class AgentService:
             bearer=credential if peer else None,
             check_finite=req.checks is not None and req.checks.finite,
             health_check=req.health_check,
-            relay_while_loading=source is not None and source.relay_while_loading,
+            relay_while_loading=bool(source is not None and source.relay_while_loading),
             publish_relay=self._publish_relay,
         )
         # A load is about to change the weights (and may need the staging memory): stop relaying.
@@ -513,8 +513,13 @@ class AgentService:
             wave=rollout.wave,
             uid=rollout.uid,
             manifest_digest=self.live.manifest_digest if phase == WorkerPhase.UPDATED and self.live else None,
+            bytes_from_peers=self._peer_bytes_of(version) if phase == WorkerPhase.UPDATED else None,
         )
         self.reporter.worker_event(rollout, entry)
+
+    def _peer_bytes_of(self, version: str) -> int | None:
+        last = self.last_load
+        return last.bytes_from_peer if last is not None and last.version == version else None
 
     # -- status --------------------------------------------------------------------------------
     def status(self) -> AgentStatus:
