@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -123,16 +124,24 @@ def test_happy_path(provider: Provider) -> None:
     }
     assert set(_serving(provider, fleet, workers, SMALL).values()) == {"v2"}
     assert set(_calls(fleet, workers).values()) == {1}
-    # Peer relay (on by default): after the canary, bytes come from updated peers.
+    # Peer relay (on by default): past the canary each wave is chains from the updated pods,
+    # the source feeding one chain too while members are left: wave 2 (2 members) takes one
+    # from the canary and one from the source, wave 3 (2 members, 3 holders) takes both from peers.
     (canary,) = status["waves"][0]["pods"]
-    for w in workers:
-        last = http_json(w.url("/v1/status"), token=fleet.token)["last_load"]
-        if w.name == canary:
-            assert last["peer"] is None
-        else:
-            assert last["peer"] is not None, w.name
-            assert last["bytes_from_peer"] > 0, last
-            assert last["fallback_reason"] is None, last
+    lasts = {w.name: http_json(w.url("/v1/status"), token=fleet.token)["last_load"] for w in workers}
+    assert {name for name, last in lasts.items() if last["peer"] is None} == {
+        canary,
+        status["waves"][1]["pods"][1],
+    }
+    for last in lasts.values():
+        assert last["fallback_reason"] is None, last
+        assert last["bytes_from_peer"] == (0 if last["peer"] is None else last["bytes"]), last
+    size = lasts[canary]["bytes"]
+    assert [(w["bytesFromSource"], w["bytesFromPeers"]) for w in status["waves"]] == [
+        (size, 0),
+        (size, size),
+        (0, 2 * size),
+    ]
 
     reasons = _reasons(provider)
     assert reasons.count("RolloutStarted") == 1
@@ -145,6 +154,31 @@ def test_happy_path(provider: Provider) -> None:
     header = table.splitlines()[0].split()
     assert header == ["NAME", "VERSION", "TARGET", "PHASE", "UPDATED", "REPLICAS", "WAVE", "AGE"]
     assert table.splitlines()[1].split()[1:7] == ["v2", "v2", "Succeeded", "5", "5", "3/3"]
+
+
+def test_pipelined_relay_takes_the_second_wave_from_peers(provider: Provider) -> None:
+    """waves [1, "100%"]: the second wave's members are chains fed by the canary and the source,
+    members feeding each other while they load (relayWhileLoading); most of its bytes come from
+    peers, as the status records, and every worker serves v2."""
+    fleet = provider.fleet(5, initial_version="b1", big=True)
+    workers = fleet.workers(5)
+    provider.rollouts.create(NAME, provider.spec("b2", fleet, strategy={"waves": [1, "100%"]}))
+    status = provider.rollouts.wait_phase(NAME, ENDED, timeout=240)
+    assert status["phase"] == "Succeeded", _why(status)
+    lasts = {w.name: http_json(w.url("/v1/status"), token=fleet.token)["last_load"] for w in workers}
+    size = max(last["bytes"] for last in lasts.values())
+    second = status["waves"][1]
+    assert len(second["pods"]) == 4
+    # One chain from the canary, one from the source: the source sends the canary's copy and one more.
+    assert (second["bytesFromSource"], second["bytesFromPeers"]) == (size, 3 * size)
+    fed_by = {name: last["peer"] for name, last in lasts.items()}
+    assert sum(peer is None for peer in fed_by.values()) == 2
+    assert all(last["fallback_reason"] is None for last in lasts.values()), lasts
+    # Members fed by members of their own wave (the chains' second links).
+    by_ip = {w.ip: w.name for w in workers}
+    parents = {by_ip.get(urlsplit(peer).hostname or "") for peer in fed_by.values() if peer} - {None}
+    assert parents & set(second["pods"]), fed_by
+    assert set(_serving(provider, fleet, workers, BIG).values()) == {"b2"}
 
 
 def test_corrupted_tensor_with_verify_changes_no_worker(provider: Provider) -> None:

@@ -99,12 +99,10 @@ class InProcessLoader:
             holds = self._target.supported_dtypes() if isinstance(self._target, HoldsSomeDtypes) else None
             check_compatible(manifest, self._target.parameter_specs(), holds=holds)
             progress.bytes_total = manifest.total_bytes
-            extra = await asyncio.to_thread(
-                read_extra_files, transport, manifest, cancelled=job.cancel.is_set
-            )
             if self.apply_mode == "staged":
-                relay = await self._staged(transport, manifest, raw, extra, job, gate, progress)
+                relay = await self._staged(transport, manifest, raw, job, gate, progress)
             else:
+                extra = await _read_extras(transport, manifest, job)
                 await self._streamed(transport, manifest, job, gate, progress)
                 relay = self._live_copy(raw, manifest, extra)
         finally:
@@ -123,19 +121,22 @@ class InProcessLoader:
         transport: Transport,
         manifest: Manifest,
         raw: bytes,
-        extra: Mapping[str, bytes],
         job: LoadJob,
         gate: PauseGate,
         progress: LoadProgress,
     ) -> RelayCopy | None:
         staging = StagingArea(manifest)
         relay: RelayCopy | None = None
-        # Pipelined relay: peers read this copy tensor by tensor while the pull below runs.
+        # Pipelined relay: peers read this copy file by file and tensor by tensor while the
+        # reads below run; published first, so a chain's members start within moments of each other.
         early = None
         if self._relay and job.relay_while_loading and job.publish_relay is not None:
-            early = RelayCopy.in_progress(raw, manifest, staging, extra, asyncio.get_running_loop())
+            early = RelayCopy.in_progress(raw, manifest, staging, asyncio.get_running_loop())
             job.publish_relay(early)
         try:
+            extra = await _read_extras(transport, manifest, job)
+            if early is not None:
+                early.set_extra_files(extra)
 
             def pull() -> None:
                 pull_into(
@@ -258,6 +259,10 @@ class InProcessLoader:
             self._stream_apply(transport, manifest, previous.checksum_verified, LoadProgress(), lambda: False)
         finally:
             transport.close()
+
+
+async def _read_extras(transport: Transport, manifest: Manifest, job: LoadJob) -> dict[str, bytes]:
+    return await asyncio.to_thread(read_extra_files, transport, manifest, cancelled=job.cancel.is_set)
 
 
 def _as_load_error(exc: Exception) -> LoadError:

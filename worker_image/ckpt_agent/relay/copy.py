@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 from ckpt_agent.manifest import Manifest, TensorEntry
 from ckpt_agent.staging import TensorStore
@@ -40,9 +41,10 @@ _PIECE = 1 << 20
 
 @dataclass(frozen=True)
 class NotReady:
-    """What `iter_range` yields for a tensor the load has not verified yet: wait, then go on."""
+    """What `iter_range` yields for bytes the load has not verified yet: wait until `ready()`,
+    then go on."""
 
-    entry: TensorEntry
+    ready: Callable[[], bool]
 
 
 class RelayCopy:
@@ -69,6 +71,7 @@ class RelayCopy:
         self.released = False
         # Pipelined relay: the tensors verified so far, and how waiting readers learn of more.
         self.complete = True
+        self.extras_ready = True
         self._ready: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Future[None] | None = None
@@ -79,14 +82,21 @@ class RelayCopy:
         manifest_raw: bytes,
         manifest: Manifest,
         store: TensorStore,
-        extra_files: Mapping[str, bytes],
         loop: asyncio.AbstractEventLoop,
     ) -> RelayCopy:
-        """The copy of a load still running: tensors are served as `mark_ready` adds them."""
-        copy = cls.from_store(manifest_raw, manifest, store, extra_files)
+        """The copy of a load still running: its non-weight files are served once
+        `set_extra_files` gives them, tensors as `mark_ready` adds them."""
+        copy = cls.from_store(manifest_raw, manifest, store)
         copy.complete = False
+        copy.extras_ready = False
         copy._loop = loop
         return copy
+
+    def set_extra_files(self, files: Mapping[str, bytes]) -> None:
+        """The load verified the version's non-weight files."""
+        self.extra_files = dict(files)
+        self.extras_ready = True
+        self._wake()
 
     def mark_ready(self, entry: TensorEntry) -> None:
         """The load verified `entry` (any thread)."""
@@ -157,12 +167,18 @@ class RelayCopy:
         """Size of a shard or an extra file of the version; None for any other name."""
         if file in self.extra_files:
             return len(self.extra_files[file])
+        if not self.extras_ready and file in self.manifest.extra_files:
+            return self.manifest.extra_files[file].size
         return self.manifest.files.get(file)
 
     def iter_range(self, file: str, start: int, end: int) -> Iterator[bytes | memoryview | NotReady]:
         """Bytes [start, end) of `file` in the original shard layout, in pieces of at most 1 MiB;
-        bytes between tensors (header, padding) come out as zeros. Blocking. Before a tensor a
-        running load has not verified yet: `NotReady` (pull again once it is)."""
+        bytes between tensors (header, padding) come out as zeros. Blocking. Before a tensor (or
+        file) a running load has not verified yet: `NotReady` (pull again once it is)."""
+        while not self.extras_ready and file in self.manifest.extra_files:
+            if self.released:
+                raise RelayGone(f"{self.version} is no longer relayed (its load failed)")
+            yield NotReady(lambda: self.extras_ready)
         extra = self.extra_files.get(file)
         if extra is not None:
             view = memoryview(extra)
@@ -186,7 +202,7 @@ class RelayCopy:
             while not self.is_ready(entry):
                 if self.released:
                     raise RelayGone(f"{self.version} is no longer relayed (its load failed)")
-                yield NotReady(entry)
+                yield NotReady(partial(self.is_ready, entry))
             data = self._read_tensor(entry)
             hi = min(end, entry.end)
             for lo in range(pos, hi, _PIECE):

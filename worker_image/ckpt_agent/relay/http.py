@@ -21,7 +21,6 @@ import asyncio
 import logging
 import re
 from collections.abc import Callable, Iterator
-from functools import partial
 
 from aiohttp import web
 
@@ -79,7 +78,7 @@ async def _stream(
                 return piece
             # A tensor the running load has not verified yet: wait here, on the loop (no thread
             # held), as long as the load lives; the reader's own timeout bounds its wait.
-            await copy.wait_until(partial(copy.is_ready, piece.entry), READY_WAIT_S)
+            await copy.wait_until(piece.ready, READY_WAIT_S)
 
     try:
         piece = await next_piece()

@@ -23,7 +23,10 @@ RELAY_PATH = "/v1/relay"
 # How long a load waits for its peer to begin relaying the version (it may be called at the same
 # moment), and how often it looks.
 PEER_START_WAIT_S = 10.0
-_PEER_START_POLL_S = 0.05
+_PEER_START_POLL_S = 0.01
+# A peer that sends nothing this long is dropped (the load resumes from the source): shorter than
+# a source's 30 s, since the source remains to fall back to.
+PEER_STALL_S = 10.0
 
 
 class PeerError(LoadError):
@@ -52,7 +55,7 @@ def open_peer_transport(uri: str, bearer: str | None) -> Transport:
     if uri.startswith("mooncake://"):
         from ckpt_agent.transport.mooncake import MooncakeTransport
 
-        return MooncakeTransport(uri, bearer=bearer, files_path=RELAY_PATH)
+        return MooncakeTransport(uri, bearer=bearer, files_path=RELAY_PATH, timeout=PEER_STALL_S)
     from ckpt_agent.transport.http import HttpTransport
 
     tls = PEER_TLS.get()
@@ -61,7 +64,11 @@ def open_peer_transport(uri: str, bearer: str | None) -> Transport:
         raise ValueError("is plain http, and this agent reads peers only over verified TLS (--peer-ca-file)")
     context = tls.ca.current() if tls.ca is not None else None
     return HttpTransport(
-        uri.rstrip("/") + RELAY_PATH, bearer=bearer, tls=context, server_name=tls.server_name
+        uri.rstrip("/") + RELAY_PATH,
+        bearer=bearer,
+        tls=context,
+        server_name=tls.server_name,
+        timeout=PEER_STALL_S,
     )
 
 
