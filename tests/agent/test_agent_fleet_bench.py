@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from ckpt_e2e.bench.netns import NS_PREFIX, Topology, missing_prerequisites, sweep_stale
+from ckpt_e2e.bench.netns import NS_PREFIX, NetnsError, Topology, missing_prerequisites, sweep_stale, tx_bytes
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 
@@ -39,6 +39,7 @@ def test_topology_links_members_and_destroys_everything() -> None:
         )
         assert server.stdout is not None
         assert server.stdout.readline().strip() == "listening"
+        sent_before = tx_bytes(a.ns)
         reply = subprocess.run(
             a.exec_argv([sys.executable, "-c", _ECHO_CLIENT, b.ip]),
             capture_output=True,
@@ -46,11 +47,18 @@ def test_topology_links_members_and_destroys_everything() -> None:
             timeout=30,
         )
         assert reply.stdout.strip() == "pong", reply.stderr
+        # The handshake, the ping and the close: a few frames, each over 60 bytes with headers.
+        assert tx_bytes(a.ns) - sent_before > 3 * 60
         server.wait(timeout=10)
         assert set(_ours(topo.prefix + "-")) == {f"{topo.prefix}-{n}" for n in ("br", "a", "b")}
     finally:
         assert topo.destroy() == []
     assert _ours(topo.prefix + "-") == []
+
+
+def test_tx_bytes_of_a_missing_namespace_says_so() -> None:
+    with pytest.raises(NetnsError, match=f"counters of eth0 in {NS_PREFIX}-no-such"):
+        tx_bytes(f"{NS_PREFIX}-no-such")
 
 
 def test_sweep_removes_namespaces_of_dead_runs() -> None:
@@ -61,10 +69,17 @@ def test_sweep_removes_namespaces_of_dead_runs() -> None:
     assert ghost not in _ours()
 
 
-def test_bench_fleet_smoke() -> None:
+@pytest.mark.parametrize(
+    ("waves", "sizes", "from_source"),
+    # 3 hosts: the pipelined wave's two chains are one agent each (fed by the canary and by the
+    # source), so no agent reads a peer that is still loading.
+    [("default", [1, 2], [1, 1]), ("doubling", [1, 1, 1], [1, 0, 0])],
+)
+def test_bench_fleet_smoke(waves: str, sizes: list[int], from_source: list[int]) -> None:
+    hosts, size_mb = 3, 4
     bench = subprocess.Popen(
-        [sys.executable, "-m", "ckpt_rollout.cli", "bench", "fleet", "--hosts", "2", "--link-mbps", "400",
-         "--size-mb", "4", "--json"],
+        [sys.executable, "-m", "ckpt_rollout.cli", "bench", "fleet", "--hosts", str(hosts),
+         "--link-mbps", "400", "--size-mb", str(size_mb), "--waves", waves, "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -73,11 +88,23 @@ def test_bench_fleet_smoke() -> None:
         bench.terminate()  # the bench removes its namespaces on SIGTERM
         stdout, stderr = bench.communicate(timeout=60)
     assert bench.returncode == 0, stderr[-3000:]
-    result = json.loads(stdout.strip().splitlines()[-1])
-    assert {"hosts", "size_mb", "source_only_s", "relay_s", "ideal_relay_s"} <= result.keys()
-    assert result["hosts"] == 2
-    assert result["fallbacks"] == 0
-    assert [w["agents"] for w in result["waves"]] == [1, 1]
+    r = json.loads(stdout.strip().splitlines()[-1])
+    assert {"hosts", "size_mb", "source_only_s", "relay_s", "ideal_relay_s"} <= r.keys()
+    assert (r["hosts"], r["waves_mode"], r["fallbacks"]) == (hosts, waves, 0)
+    assert [w["agents"] for w in r["waves"]] == sizes
+    assert [w["from_source"] for w in r["waves"]] == from_source
+    assert r["tensors"] >= size_mb, "tensors of at most 1 MiB, so that relay can pipeline"
+    assert (r["canary_s"], r["pipelined_s"]) == (r["waves"][0]["seconds"], r["waves"][-1]["seconds"])
+    assert max(r["canary_s"], r["pipelined_s"]) <= r["relay_s"]
+    assert r["link_bound_s"] > 0
+    # Every agent got the whole version exactly once (no fallback re-read anything), and the
+    # source's interface sent at least the payload the agents read from it.
+    assert r["bytes_from_peers_mb"] + r["bytes_from_source_mb"] == pytest.approx(
+        hosts * r["size_mb"], abs=0.05
+    )
+    assert r["bytes_from_source_mb"] == pytest.approx(sum(from_source) * r["size_mb"], abs=0.05)
+    assert r["source_egress_mb"] >= r["bytes_from_source_mb"] > 0
+    assert r["source_egress_ratio"] == pytest.approx(r["source_egress_mb"] / r["size_mb"], rel=0.01)
     assert _ours(f"{NS_PREFIX}{bench.pid}-") == [], "the bench left namespaces behind"
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ckpt_e2e.bench.fleet_plan import WAVE_MODES  # small and pure: no bench is imported with it
+
 SubParsers = Any  # argparse._SubParsersAction is private; this is what add_parser is called on
 
 COMMANDS = ("bench",)
@@ -42,6 +44,12 @@ def _add_dataplane_and_fleet(bench_sub: SubParsers) -> None:
     p.add_argument("--hosts", type=int, default=4, help="agents, each in its own network namespace")
     p.add_argument("--link-mbps", type=float, default=200, help="tc rate cap of every link, both ways")
     p.add_argument("--size-mb", type=int, default=32, help="version size (reference model)")
+    p.add_argument(
+        "--waves",
+        choices=WAVE_MODES,
+        default="default",
+        help='relay waves: default = [1, "100%%"] (canary, then one pipelined wave); doubling = 1, 2, 4, ...',
+    )
     p.add_argument("--dir", help="scratch directory (default: system temp)")
     p.add_argument("--json", action="store_true", help="human lines to stderr; the last line is JSON anyway")
     p.set_defaults(func=_bench_fleet)

@@ -5,8 +5,9 @@ requests and polling agents' status, and prints one JSON line of timings.
 First one raw TCP stream from the control namespace to a sink on a capped host measures the
 links' real payload rate. Then two rollouts of two fresh versions of the same size:
 - source-only: every agent pulls from the source at once;
-- relay: wave 1 is one agent pulling from the source, then each wave doubles the holders,
-  every holder feeding one new agent as its peer (holders 1, 2, 4, ...).
+- relay: the waves of `fleet_plan` (a canary, then one pipelined wave; or doubling holders),
+  the source's egress read from its interface counter before and after.
+Each wave's calls go out parents first, then the bench polls every member until it is live.
 """
 
 from __future__ import annotations
@@ -19,8 +20,18 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ckpt_api.agent_api import PREFER_HEADER, RESPOND_ASYNC, AgentStatus, SourceRef, UpdateWeightsRequest
+from ckpt_api.agent_api import (
+    PREFER_HEADER,
+    RESPOND_ASYNC,
+    AgentStatus,
+    LastLoad,
+    SourceRef,
+    UpdateWeightsRequest,
+)
 from ckpt_api.vocabulary import AgentState
+from ckpt_e2e.bench.fleet_plan import WaveMode, plan_waves
+from ckpt_e2e.bench.netns import tx_bytes
+from ckpt_e2e.procs import WaitTimeout, wait_for
 
 POLL_SECONDS = 0.02  # part of every measured wave: keep it small against S/bw
 
@@ -48,28 +59,67 @@ def wait_healthy(servers: list[str], limit_s: float) -> None:
                 time.sleep(0.2)
 
 
-def _update_and_wait(url: str, version: str, source: dict[str, str], limit_s: float) -> dict[str, Any]:
+def _start(url: str, version: str, source: dict[str, str | bool]) -> None:
     request = UpdateWeightsRequest(
         version=version, verify_checksum=True, source=SourceRef.model_validate(source)
     )
     _call("POST", url + "/v1/update_weights", request.to_wire())
-    deadline = time.monotonic() + limit_s
-    while True:
-        body: dict[str, Any] = _call("GET", url + "/v1/status")
-        status = AgentStatus.model_validate(body)
-        if status.state != AgentState.LOADING and status.version == version:
-            return body
-        if status.state == AgentState.FAILED:
-            raise SystemExit(f"{url}: loading {version} failed: {status.last_error}")
-        if time.monotonic() > deadline:
-            raise SystemExit(f"{url}: {version} not live after {limit_s}s")
-        time.sleep(POLL_SECONDS)
 
 
-def wave(jobs: list[tuple[str, dict[str, str]]], version: str, limit_s: float) -> list[dict[str, Any]]:
+def _live(url: str, version: str) -> AgentStatus | None:
+    """The agent's status once it serves `version` (verified: the bench asks for checksums)."""
+    status = AgentStatus.model_validate(_call("GET", url + "/v1/status"))
+    if status.state == AgentState.FAILED:
+        raise SystemExit(f"{url}: loading {version} failed: {status.last_error}")
+    return status if status.state != AgentState.LOADING and status.version == version else None
+
+
+def wave(jobs: list[tuple[str, dict[str, str | bool]]], version: str, limit_s: float) -> list[AgentStatus]:
+    """Call every member in the order given (a parent before the members reading it), then wait
+    until all are live."""
+    for url, source in jobs:
+        _start(url, version, source)
+
+    def wait(url: str) -> AgentStatus:
+        try:
+            return wait_for(lambda: _live(url, version), limit_s, f"{url} live on {version}", POLL_SECONDS)
+        except WaitTimeout as exc:
+            raise SystemExit(str(exc)) from None
+
     with ThreadPoolExecutor(max_workers=max(len(jobs), 1)) as pool:
-        futures = [pool.submit(_update_and_wait, url, version, src, limit_s) for url, src in jobs]
-        return [f.result() for f in futures]
+        return list(pool.map(wait, [url for url, _ in jobs]))
+
+
+def relay_rollout(
+    agents: list[str], source: str, version: str, mode: WaveMode, limit_s: float, source_ns: str
+) -> dict[str, Any]:
+    """The relay rollout in `mode`'s waves; `source_ns` is the source's namespace, whose eth0
+    counts what the source sent."""
+    egress_before = tx_bytes(source_ns)
+    started = time.monotonic()
+    waves: list[dict[str, Any]] = []
+    loads: list[LastLoad] = []
+    for jobs in plan_waves(agents, mode):
+        wave_started = time.monotonic()
+        statuses = wave([(j.agent, j.source(source)) for j in jobs], version, limit_s)
+        waves.append(
+            {
+                "agents": len(jobs),
+                "seconds": round(time.monotonic() - wave_started, 3),
+                "from_source": sum(1 for j in jobs if j.parent is None),
+                "relaying": sum(1 for j in jobs if j.relay_while_loading),
+            }
+        )
+        loads += [s.last_load for s in statuses if s.last_load is not None]
+    relay = time.monotonic() - started
+    return {
+        "relay_s": relay,
+        "waves": waves,
+        "fallbacks": sum(1 for load in loads if load.fallback_reason),
+        "source_egress_bytes": tx_bytes(source_ns) - egress_before,
+        "bytes_from_peer": sum(load.bytes_from_peer for load in loads),
+        "bytes_from_source": sum(load.bytes_from_source for load in loads),
+    }
 
 
 SINK_READY = "sink: listening"
@@ -119,29 +169,8 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     started = time.monotonic()
     wave([(a, {"uri": source}) for a in agents], cfg["versions"][0], limit)
     source_only = time.monotonic() - started
-
-    version = cfg["versions"][1]
-    started = time.monotonic()
-    holders, waves, fallbacks = 0, [], 0
-    while holders < len(agents):
-        new = agents[holders : holders + max(holders, 1)]
-        jobs = [
-            (a, {"uri": source}) if holders == 0 else (a, {"uri": source, "peer": agents[i]})
-            for i, a in enumerate(new)
-        ]
-        wave_started = time.monotonic()
-        statuses = wave(jobs, version, limit)
-        waves.append({"agents": len(new), "seconds": round(time.monotonic() - wave_started, 3)})
-        fallbacks += sum(1 for s in statuses if (s.get("last_load") or {}).get("fallback_reason"))
-        holders += len(new)
-    relay = time.monotonic() - started
-    return {
-        "source_only_s": source_only,
-        "relay_s": relay,
-        "waves": waves,
-        "fallbacks": fallbacks,
-        "goodput_bytes_per_s": goodput,
-    }
+    relay = relay_rollout(agents, source, cfg["versions"][1], cfg["waves"], limit, cfg["source_ns"])
+    return {"source_only_s": source_only, "goodput_bytes_per_s": goodput, **relay}
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ iproute2 (`ip`, `tc`).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -56,6 +57,22 @@ def sweep_stale() -> list[str]:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
             removed.append(ns)
     return removed
+
+
+def tx_bytes(ns: str, dev: str = "eth0") -> int:
+    """Bytes `dev` in namespace `ns` has sent (its kernel counter: every frame, headers included).
+    Works from inside another bench namespace too: `ip -n` enters `ns` by its name."""
+    done = subprocess.run(
+        ["ip", "-n", ns, "-j", "-s", "link", "show", "dev", dev], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise NetnsError(f"counters of {dev} in {ns}: {done.stderr.strip() or done.returncode}")
+    try:
+        return int(json.loads(done.stdout)[0]["stats64"]["tx"]["bytes"])
+    except (ValueError, LookupError, TypeError) as exc:
+        raise NetnsError(
+            f"counters of {dev} in {ns}: unreadable `ip -j` output: {done.stdout[:200]!r}"
+        ) from exc
 
 
 @dataclass(frozen=True)
