@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from ckpt_api.vocabulary import FAILED_PHASES, ConditionStatus, ConditionType, Phase, WorkerPhase
-from ckpt_rollout.watchtable import human_bytes
+from ckpt_rollout.views import human_bytes, transfer_split
 
 # Who wrote spec.version, in managedFields: what a GitOps ignore rule or a no-revert check names.
 FIELD_MANAGER = "ckpt-rollout-release"
@@ -196,11 +196,9 @@ def summary(
     else:
         known = "" if len(loaded) >= updated else f" (of {len(loaded)}/{updated} workers)"
         relay = (spec.get("strategy") or {}).get("peerRelay", True)
-        recorded = [w for w in waves if w.get("bytesFromSource") is not None]
-        if recorded:
-            source = sum(int(w["bytesFromSource"]) for w in recorded)
-            peers = sum(int(w.get("bytesFromPeers") or 0) for w in recorded)
-            split = f"{human_bytes(source)} from source, {human_bytes(peers)} from peers"
+        recorded = transfer_split(waves)
+        if recorded is not None:
+            split = recorded
         elif relay:
             split = "source/peers n/a"
         else:

@@ -63,6 +63,28 @@ def _analysis_lines(status: dict[str, Any], spec: dict[str, Any], wide: bool) ->
     return lines
 
 
+def human_bytes(size: float | None) -> str:
+    """Decimal units, as `publish` and the benches print them."""
+    if size is None:
+        return "-"
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1000:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size:.1f} TB"
+
+
+def transfer_split(waves: list[dict[str, Any]]) -> str | None:
+    """'X from source, Y from peers' over the waves that recorded where their bytes came from;
+    None if none did."""
+    recorded = [w for w in waves if w.get("bytesFromSource") is not None]
+    if not recorded:
+        return None
+    source = sum(int(w["bytesFromSource"]) for w in recorded)
+    peers = sum(int(w.get("bytesFromPeers") or 0) for w in recorded)
+    return f"{human_bytes(source)} from source, {human_bytes(peers)} from peers"
+
+
 def status_table(obj: dict[str, Any], *, wide: bool = False) -> str:
     """The rollout as tables; ``wide`` adds each worker's live version, wave and bytes, and
     prints messages whole."""
@@ -80,6 +102,9 @@ def status_table(obj: dict[str, Any], *, wide: bool = False) -> str:
         f"Message:    {_cell(status.get('message'))}",
     ]
     waves = status.get("waves") or []
+    pulled = transfer_split(waves)
+    if pulled is not None:
+        lines.append(f"Pulled:     {pulled} (updated workers)")
     if waves:
         head = ["WAVE", "PODS", "CALLED", "UPDATED", "FAILED", "GONE", "PHASE", "STARTED", "COMPLETED"]
         rows = [[*head, "ANALYSIS"]]

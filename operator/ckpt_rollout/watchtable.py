@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ckpt_api.vocabulary import Phase, WavePhase, WorkerPhase
-from ckpt_rollout.views import _table, analysis_cell, desired_version
+from ckpt_rollout.views import _table, analysis_cell, desired_version, human_bytes
 
 
 def rollout_view(obj: dict[str, Any]) -> dict[str, Any]:
@@ -94,17 +94,6 @@ def _member_state(entry: dict[str, Any] | None, target: str | None, called: bool
     if called and wave_phase == WavePhase.COMPLETED:
         return WorkerPhase.UPDATED
     return WorkerPhase.LOADING if called else WorkerPhase.PENDING
-
-
-def human_bytes(size: float | None) -> str:
-    """Decimal units, as `publish` and the benches print them."""
-    if size is None:
-        return "-"
-    for unit in ("B", "kB", "MB", "GB"):
-        if size < 1000:
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    return f"{size:.1f} TB"
 
 
 def _rate(rate: float | None) -> str:

@@ -271,6 +271,18 @@ def test_summary(spec: dict[str, Any], loaded: dict[str, int], published: int | 
     assert summary(_done(**spec), "v2", 12.34, loaded, published) == expected
 
 
+def test_summary_splits_the_bytes_as_the_waves_recorded() -> None:
+    done = _done()
+    done["status"]["waves"] = [
+        {"index": 0, "phase": "Completed", "bytesFromSource": 2_000_000, "bytesFromPeers": 0},
+        {"index": 1, "phase": "Completed", "bytesFromSource": 2_000_000, "bytesFromPeers": 4_000_000},
+    ]
+    loaded = {"a": 2_000_000, "b": 2_000_000, "c": 2_000_000, "d": 2_000_000}
+    assert summary(done, "v2", 1.0, loaded, None).endswith(
+        "8.0 MB pulled, 4.0 MB from source, 4.0 MB from peers"
+    )
+
+
 def test_release_failed_carries_the_crs_reason_and_message() -> None:
     exc = ReleaseFailed("fleet", "RolledBack", "IncompatibleCheckpoint", "rolled 0 workers back to v1")
     assert str(exc) == "fleet: RolledBack: IncompatibleCheckpoint: rolled 0 workers back to v1"

@@ -68,3 +68,24 @@ def test_progress_line_ignores_counters_of_an_older_target() -> None:
     line = progress_line(_obj("Succeeded", target="v1", updated=5), width=10)
     assert "0/5 updated" in line
     assert "Pending" in line
+
+
+@pytest.mark.parametrize(
+    ("waves", "line"),
+    [
+        ([{"index": 0}], None),  # no wave recorded it (an older operator, or nothing updated yet)
+        (
+            [
+                {"index": 0, "bytesFromSource": 1_500_000, "bytesFromPeers": 0},
+                {"index": 1, "bytesFromSource": 0, "bytesFromPeers": 6_000_000},
+                {"index": 2},
+            ],
+            "Pulled:     1.5 MB from source, 6.0 MB from peers (updated workers)",
+        ),
+    ],
+)
+def test_status_says_where_the_bytes_came_from(waves: list[dict[str, Any]], line: str | None) -> None:
+    obj = _obj("Progressing")
+    obj["status"]["waves"] = waves
+    pulled = [row for row in status_table(obj).splitlines() if row.startswith("Pulled:")]
+    assert pulled == ([] if line is None else [line])

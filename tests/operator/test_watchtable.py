@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from ckpt_rollout.watchtable import change_lines, human_bytes, render_table, rollout_view
+from ckpt_rollout.views import human_bytes
+from ckpt_rollout.watchtable import change_lines, render_table, rollout_view
 
 
 def _obj(
