@@ -278,6 +278,10 @@ class LastLoad(_Response):
 class RelayState(_Response):
     version: str
     from_: str = Field(alias="from", description="What the relayed bytes are read from")
+    complete: bool = Field(
+        True,
+        description="False while the load is still running (pipelined relay: tensors served once verified)",
+    )
 
 
 class AgentStatus(_Response):

@@ -13,6 +13,17 @@ from collections import deque
 from collections.abc import Sequence
 
 SOURCE_CHAINS = 1  # chains the source feeds per wave besides the pods that hold the version
+# Chains longer than this become trees of fan-out 2: every hop adds a tensor's time and one more
+# agent whose failure its successors must ride out.
+MAX_CHAIN_HOPS = 16
+
+
+def fanout_for(members: int, roots: int, wanted: int) -> int:
+    """The fan-out to arrange a wave with: `wanted`, unless chains (1) would run past
+    MAX_CHAIN_HOPS, then 2 (a tree's depth grows with the log of the wave)."""
+    if wanted == 1 and members > MAX_CHAIN_HOPS * (roots + SOURCE_CHAINS):
+        return 2
+    return wanted
 
 
 def relay_parents(

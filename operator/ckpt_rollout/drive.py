@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ckpt_api.agent_api import HealthCheckRequest, LoadChecks, RolloutRef, SourceRef, UpdateWeightsRequest
-from ckpt_api.relay_tree import feeds, relay_parents
+from ckpt_api.relay_tree import fanout_for, feeds, relay_parents
 from ckpt_api.spec import HealthCheck
 from ckpt_api.status import WorkerStatus
 from ckpt_api.vocabulary import EventReason, EventType, WavePhase, WorkerPhase, WorkerReason, WorkerResult
@@ -272,7 +272,9 @@ def _plan_calls(d: Draft, target: Target, pods: list[str], *, report: bool) -> N
         # Chains over the whole wave, not just this step's calls, so a member called again
         # keeps its parent.
         present = [p for p in target.members if p in d.rollout.pods]
-        parents = relay_parents(present, relay_peers(d, target.version), d.spec.strategy.relay_fanout)
+        roots = relay_peers(d, target.version)
+        fanout = fanout_for(len(present), len(roots), d.spec.strategy.relay_fanout)
+        parents = relay_parents(present, roots, fanout)
     feeding = feeds(parents)
     for name in pods:
         pod = d.rollout.pods[name]

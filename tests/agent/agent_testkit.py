@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 import shutil
+import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -41,6 +44,25 @@ STATIC_TOKEN = "operator-token"
 async def static_token_agent(agent_factory: AgentFactory, token_file: Path, **overrides: Any) -> AgentClient:
     """An agent whose API takes the static token in ``token_file`` (the conftest fixture)."""
     return await agent_factory(token=STATIC_TOKEN, auth=AuthConfig(token_file=token_file), **overrides)
+
+
+@asynccontextmanager
+async def ckpt_agent_process(*argv: str) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
+    """Run `python -m ckpt_agent ARGV` (an agent or a source as a real process); yields it with
+    the URL from its startup banner, and kills it on the way out if it still runs."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "ckpt_agent", *argv, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+        match = re.search(r"(http://\S+)", line)
+        assert match, f"no banner: {line!r}"
+        yield proc, match.group(1)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
 
 
 async def wait_until(predicate: Callable[[], Awaitable[T | None]], limit_s: float, what: str) -> T:
@@ -94,6 +116,10 @@ class Tree:
 
     def expected(self, version: str) -> list[float]:
         return expected_infer_output(self.root / version)
+
+    def tensor_bytes(self, version: str) -> int:
+        """What a whole load of `version` pulls: the bytes of all its tensors."""
+        return sum(int(t["nbytes"]) for t in self.manifest(version)["tensors"])
 
     def manifest(self, version: str) -> dict[str, Any]:
         doc: dict[str, Any] = json.loads((self.root / version / MANIFEST_NAME).read_bytes())

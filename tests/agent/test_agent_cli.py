@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import signal
-import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import aiohttp
 import pytest
-from agent_testkit import SPEC, AgentClient, Tree, close_to, wait_until
+from agent_testkit import SPEC, AgentClient, Tree, ckpt_agent_process, close_to, wait_until
 
 from ckpt_agent.cli import add_commands, config_from_args
 from ckpt_e2e.bench.cli import add_commands as add_bench_commands
@@ -77,30 +73,12 @@ def test_agent_refuses_to_start_without_an_auth_choice(capsys: pytest.CaptureFix
     assert "--no-auth" in capsys.readouterr().err
 
 
-@asynccontextmanager
-async def _process(*argv: str) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
-    """Run `python -m ckpt_agent ARGV`; yields it with the URL from its startup banner."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "ckpt_agent", *argv, stdout=asyncio.subprocess.PIPE
-    )
-    try:
-        assert proc.stdout is not None
-        line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
-        match = re.search(r"(http://\S+)", line)
-        assert match, f"no banner: {line!r}"
-        yield proc, match.group(1)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-
-
 async def test_agent_and_source_as_real_processes(tree: Tree, tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("t0ken")
     async with (
-        _process("serve", str(tree.root), "--port", "0") as (source, source_url),
-        _process(
+        ckpt_agent_process("serve", str(tree.root), "--port", "0") as (source, source_url),
+        ckpt_agent_process(
             "agent", "--port", "0", "--metrics-port", "0", "--source", source_url, "--initial-version", "v1",
             "--auth-token-file", str(token), "--plain-http", "--no-report", "--apply-mode", "streamed",
             "--model-hidden", str(SPEC.hidden), "--model-layers", str(SPEC.layers),

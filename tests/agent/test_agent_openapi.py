@@ -78,7 +78,7 @@ def test_request_and_error_models_are_in_the_document() -> None:
     assert "additionalProperties" not in update
     assert schemas["SourceRef"]["additionalProperties"] is False
     assert schemas["RolloutRef"]["additionalProperties"] is False
-    assert set(schemas["SourceRef"]["properties"]) == {"uri", "manifestDigest", "peer"}
+    assert set(schemas["SourceRef"]["properties"]) == {"uri", "manifestDigest", "peer", "relayWhileLoading"}
     assert schemas["ErrorBody"]["required"] == ["error", "message"]
     responses = openapi_document()["paths"]["/v1/update_weights"]["post"]["responses"]
     assert {"200", "202", "400", "401", "403", "409", "413"} <= set(responses)

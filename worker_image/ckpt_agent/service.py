@@ -539,7 +539,9 @@ class AgentService:
             last_load=self.last_load,
             relay=None
             if self.relay is None
-            else RelayState(version=self.relay.version, from_=self.relay.source),
+            else RelayState(
+                version=self.relay.version, from_=self.relay.source, complete=self.relay.complete
+            ),
             paused_by=self.gate.holders,
             engine=self.engine.describe(),
             report=self.reporter.describe(),
