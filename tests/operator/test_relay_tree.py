@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ckpt_api.relay_tree import feeds, relay_parents
+from ckpt_api.relay_tree import MAX_CHAIN_HOPS, fanout_for, feeds, relay_parents
 
 
 @pytest.mark.parametrize(
@@ -60,3 +60,16 @@ def test_feeds_names_the_members_that_serve_while_they_load() -> None:
 def test_a_fanout_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="fanout must be >= 1"):
         relay_parents(["a"], [], 0)
+
+
+@pytest.mark.parametrize(
+    ("members", "roots", "wanted", "fanout"),
+    [
+        (2 * MAX_CHAIN_HOPS, 1, 1, 1),  # two chains of MAX_CHAIN_HOPS: still chains
+        (2 * MAX_CHAIN_HOPS + 1, 1, 1, 2),  # one hop more: a tree
+        (64 * MAX_CHAIN_HOPS, 63, 1, 1),  # many holders (a later wave): chains stay short
+        (10_000, 1, 3, 3),  # an explicit fan-out is kept
+    ],
+)
+def test_long_chains_become_trees(members: int, roots: int, wanted: int, fanout: int) -> None:
+    assert fanout_for(members, roots, wanted) == fanout
