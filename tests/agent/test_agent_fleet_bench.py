@@ -96,6 +96,8 @@ def test_bench_fleet_smoke(waves: str, sizes: list[int], from_source: list[int])
     assert r["tensors"] >= size_mb, "tensors of at most 1 MiB, so that relay can pipeline"
     assert (r["canary_s"], r["pipelined_s"]) == (r["waves"][0]["seconds"], r["waves"][-1]["seconds"])
     assert max(r["canary_s"], r["pipelined_s"]) <= r["relay_s"]
+    assert all(0.0 <= w["cpu_busy"] <= 1.0 for w in r["waves"])
+    assert r["pipelined_cpu_busy"] == r["waves"][-1]["cpu_busy"]
     assert r["link_bound_s"] > 0
     # Every agent got the whole version exactly once (no fallback re-read anything), and the
     # source's interface sent at least the payload the agents read from it.

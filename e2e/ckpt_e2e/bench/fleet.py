@@ -213,6 +213,7 @@ def run_fleet(
         "link_bound_s": round(nbytes / goodput, 3),
         "canary_s": timings["waves"][0]["seconds"],
         "pipelined_s": timings["waves"][-1]["seconds"],
+        "pipelined_cpu_busy": timings["waves"][-1]["cpu_busy"],
         "pipelined_target": pipelined_target(hosts),
         "source_egress_mb": round(timings["source_egress_bytes"] / mib, 2),
         "source_egress_ratio": round(timings["source_egress_bytes"] / nbytes, 3),
@@ -241,7 +242,7 @@ def format_report(r: dict[str, Any]) -> str:
             f"({r['relay_s'] / r['ideal_relay_goodput_s']:.2f}x)",
             f"  [{'ok  ' if ok_pipelined else 'MISS'}] pipelined wave {r['pipelined_s']:.2f} s <= "
             f"{r['pipelined_target']:g} x S / measured link goodput ({r['link_bound_s']:.2f} s) "
-            f"({pipelined:.2f}x)",
+            f"({pipelined:.2f}x; the machine's cores {r['pipelined_cpu_busy']:.0%} busy meanwhile)",
             f"  [{'ok  ' if ok_egress else 'MISS'}] source egress {r['source_egress_mb']:.1f} MiB <= "
             f"{SOURCE_EGRESS_TARGET:g} x S ({r['source_egress_ratio']:.2f}x); agents read "
             f"{r['bytes_from_peers_mb']:.1f} MiB from peers, "

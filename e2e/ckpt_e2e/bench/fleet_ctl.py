@@ -90,6 +90,19 @@ def wave(jobs: list[tuple[str, dict[str, str | bool]]], version: str, limit_s: f
         return list(pool.map(wait, [url for url, _ in jobs]))
 
 
+def cpu_times() -> tuple[int, int]:
+    """(all, idle) jiffies of the machine's CPUs, from /proc/stat."""
+    with open("/proc/stat") as stat:
+        fields = [int(v) for v in stat.readline().split()[1:]]
+    return sum(fields), fields[3] + fields[4]  # idle + iowait
+
+
+def cpu_busy(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The fraction of all cores busy between two `cpu_times`."""
+    total, idle = after[0] - before[0], after[1] - before[1]
+    return 1.0 - idle / total if total > 0 else 0.0
+
+
 def relay_rollout(
     agents: list[str], source: str, version: str, mode: WaveMode, limit_s: float, source_ns: str
 ) -> dict[str, Any]:
@@ -101,11 +114,15 @@ def relay_rollout(
     loads: list[LastLoad] = []
     for jobs in plan_waves(agents, mode):
         wave_started = time.monotonic()
+        cpu_before = cpu_times()
         statuses = wave([(j.agent, j.source(source)) for j in jobs], version, limit_s)
         waves.append(
             {
                 "agents": len(jobs),
                 "seconds": round(time.monotonic() - wave_started, 3),
+                # Every namespace shares this machine's cores: a wave at ~1.0 was CPU-bound,
+                # not link-bound.
+                "cpu_busy": round(cpu_busy(cpu_before, cpu_times()), 2),
                 "from_source": sum(1 for j in jobs if j.parent is None),
                 "relaying": sum(1 for j in jobs if j.relay_while_loading),
             }
