@@ -323,6 +323,13 @@ class AgentService:
             # bytes against the source's manifest.
             self.relay = outcome.relay
             message = f"{job.version} is live ({outcome.bytes} bytes in {seconds:.2f}s)"
+            last = self.last_load
+            if last is not None and last.fallback_reason is not None:
+                # In the CR too: a peer dropped part way (or never used) is worth seeing there.
+                message += (
+                    f"; {last.bytes_from_source} bytes from the source after peer {job.peer or last.peer}: "
+                    f"{last.fallback_reason}"
+                )
             if self._check is not None:
                 message += f"; {self._check.verdict.message}"
             log.info("%s", message)
