@@ -55,6 +55,7 @@ def test_worker_patch_touches_only_this_pods_entry() -> None:
                     "wave": 2,
                     "uid": "c0ffee",
                     "manifestDigest": "sha256:" + "d" * 64,
+                    "bytesFromPeers": None,
                     "podUID": None,
                 }
             }
