@@ -203,3 +203,27 @@ def table_tests(cases: list[Case]) -> tuple[Callable[..., None], Callable[..., N
         assert_comes_to_rest(case, monkeypatch)
 
     return test_decide, test_every_step_comes_to_rest
+
+
+def canary_done(
+    id_: str,
+    observe: Callable[[Plan], object],
+    observed: object,
+    *,
+    spec: dict[str, Any] | None = None,
+    tuning: Tuning | None = None,
+) -> Case:
+    """The canary loaded: the machine completes its wave and calls the rest (REST), which
+    ``observe`` looks at."""
+    return Case(
+        id_,
+        rollout(progressing(wave(0, [CANARY]), workers={CANARY: entry("v2", "Updated")}), spec=spec),
+        State.ADVANCE,
+        Phase.PROGRESSING,
+        calls=REST,
+        events=[EventReason.WAVE_COMPLETED, EventReason.WAVE_STARTED],
+        wake=TUNING.pull_after_s,
+        tuning=tuning or Tuning(),
+        observe=observe,
+        observed=observed,
+    )

@@ -12,7 +12,7 @@ from machine_kit import (
     TUNING,
     Case,
     called_long_ago,
-    entry,
+    canary_done,
     progressing,
     rollout,
     table_tests,
@@ -58,17 +58,12 @@ def _canary(spec: dict[str, object]) -> Case:
 CASES = [
     _canary(FINITE),
     _canary({}),
-    Case(
+    # The member the source feeds (the second in wave order) is the one not relayed.
+    canary_done(
         "relayed-calls-of-a-later-wave-ask-for-it-too",
-        rollout(progressing(wave(0, [CANARY]), workers={CANARY: entry("v2", "Updated")}), spec=FINITE),
-        State.ADVANCE,
-        Phase.PROGRESSING,
-        calls=REST,
-        events=[EventReason.WAVE_COMPLETED, EventReason.WAVE_STARTED],
-        wake=TUNING.pull_after_s,
-        observe=asked,
-        # The member the source feeds (the second in wave order) is the one not relayed.
-        observed=[("v2", True, pod != ORDER[2]) for pod in REST],
+        asked,
+        [("v2", True, pod != ORDER[2]) for pod in REST],
+        spec=FINITE,
     ),
     Case(
         "a-rollback-call-never-asks-for-it",

@@ -21,6 +21,7 @@ from machine_kit import (
     TUNING,
     Case,
     called_now,
+    canary_done,
     condition,
     done,
     entry,
@@ -136,85 +137,41 @@ CASES = [
         observe=lambda p: (wave_rows(p)[0][1], len(p.status.waves)),
         observed=(WavePhase.COMPLETED, 1),
     ),
-    Case(
+    # Chains (relayFanout 1): the canary feeds the first member, the source the second, the
+    # first (serving while it loads) the third.
+    canary_done(
         "the-relay-sends-later-waves-to-the-updated-peer",
-        rollout(progressing(wave(0, [CANARY]), workers={CANARY: entry("v2", "Updated")})),
-        State.ADVANCE,
-        Phase.PROGRESSING,
-        calls=REST,
-        events=[EventReason.WAVE_COMPLETED, EventReason.WAVE_STARTED],
-        wake=TUNING.pull_after_s,
-        # Chains (relayFanout 1): the canary feeds the first member, the source the second, the
-        # first (serving while it loads) the third.
-        observe=relays,
-        observed={
-            ORDER[1]: (url(CANARY), True),
-            ORDER[2]: (None, None),
-            ORDER[3]: (url(ORDER[1]), None),
-        },
+        relays,
+        {ORDER[1]: (url(CANARY), True), ORDER[2]: (None, None), ORDER[3]: (url(ORDER[1]), None)},
     ),
-    Case(
+    # The canary feeds two, the source one: no member needs to serve while it loads.
+    canary_done(
         "a-wider-relay-fanout-makes-trees",
-        rollout(
-            progressing(wave(0, [CANARY]), workers={CANARY: entry("v2", "Updated")}),
-            spec={"strategy": {"waves": [1, "100%"], "relayFanout": 2}},
-        ),
-        State.ADVANCE,
-        Phase.PROGRESSING,
-        calls=REST,
-        events=[EventReason.WAVE_COMPLETED, EventReason.WAVE_STARTED],
-        wake=TUNING.pull_after_s,
-        observe=relays,
-        # The canary feeds two, the source one: no member needs to serve while it loads.
-        observed={
-            ORDER[1]: (url(CANARY), None),
-            ORDER[2]: (url(CANARY), None),
-            ORDER[3]: (None, None),
-        },
+        relays,
+        {ORDER[1]: (url(CANARY), None), ORDER[2]: (url(CANARY), None), ORDER[3]: (None, None)},
+        spec={"strategy": {"waves": [1, "100%"], "relayFanout": 2}},
     ),
-    Case(
+    canary_done(
         "without-peer-relay-every-call-reads-the-source",
-        rollout(
-            progressing(wave(0, [CANARY]), workers={CANARY: entry("v2", "Updated")}),
-            spec={"strategy": {"waves": [1, "100%"], "peerRelay": False}},
-        ),
-        State.ADVANCE,
-        Phase.PROGRESSING,
-        calls=REST,
-        events=[EventReason.WAVE_COMPLETED, EventReason.WAVE_STARTED],
-        wake=TUNING.pull_after_s,
-        observe=relays,
-        observed=dict.fromkeys(ORDER[1:], (None, None)),
+        relays,
+        dict.fromkeys(ORDER[1:], (None, None)),
+        spec={"strategy": {"waves": [1, "100%"], "peerRelay": False}},
     ),
-    Case(
+    canary_done(
         "with-agent-tls-the-peer-handed-out-is-https",
-        rollout(progressing(wave(0, [CANARY]), workers={CANARY: entry("v2", "Updated")})),
-        State.ADVANCE,
-        Phase.PROGRESSING,
-        calls=REST,
-        events=[EventReason.WAVE_COMPLETED, EventReason.WAVE_STARTED],
-        wake=TUNING.pull_after_s,
+        sources,
+        {None, *(url(pod).replace("http:", "https:") for pod in (CANARY, ORDER[1]))},
         tuning=Tuning(agent_tls=True),
-        observe=lambda p: {c.request.source.peer for c in p.calls if c.request.source},
-        observed={None, *(url(pod).replace("http:", "https:") for pod in (CANARY, ORDER[1]))},
     ),
-    Case(
+    canary_done(
         "every-call-of-the-spec-version-carries-its-digest-and-checksum-flag-relayed-or-not",
-        rollout(
-            progressing(wave(0, [CANARY]), workers={CANARY: entry("v2", "Updated")}),
-            spec={"source": {"manifestDigest": DIGEST}, "verifyChecksum": True},
-        ),
-        State.ADVANCE,
-        Phase.PROGRESSING,
-        calls=REST,
-        events=[EventReason.WAVE_COMPLETED, EventReason.WAVE_STARTED],
-        wake=TUNING.pull_after_s,
-        observe=lambda p: (
+        lambda p: (
             {(c.port, c.request.version, c.request.verify_checksum) for c in p.calls},
             {c.request.source and c.request.source.manifest_digest for c in p.calls},
             sources(p),
         ),
-        observed=({(8089, "v2", True)}, {DIGEST}, {url(CANARY), None, url(ORDER[1])}),
+        ({(8089, "v2", True)}, {DIGEST}, {url(CANARY), None, url(ORDER[1])}),
+        spec={"source": {"manifestDigest": DIGEST}, "verifyChecksum": True},
     ),
     Case(
         "without-peer-relay-later-waves-load-from-the-source",
