@@ -157,12 +157,25 @@ ENDPOINTS: tuple[Endpoint, ...] = (
                 "The requested byte range",
                 {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
             ),
+            400: ("A `ready` that is not `<start>-<end>` with start < end (InvalidRequest)", ErrorBody),
             404: ("This agent does not relay that version (NotRelayable) or file (NotFound)", ErrorBody),
             416: ("The range starts at or past the end of the file", None),
+            410: (
+                "This agent never relays: its engine keeps no copy, or --no-relay (NotRelayable)",
+                ErrorBody,
+            ),
         },
         parameters=[
             _VERSION_PARAM,
             {"name": "file", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}},
+            {
+                "name": "ready",
+                "in": "query",
+                "required": False,
+                "schema": {"type": "string"},
+                "description": "`<start>-<end>`: answer {ready, complete} instead of bytes: whether a load "
+                "still running verified every tensor of that byte range (waits up to 5 s)",
+            },
             {
                 "name": "Range",
                 "in": "header",
@@ -185,7 +198,11 @@ ENDPOINTS: tuple[Endpoint, ...] = (
                     }
                 },
             ),
-            404: ("No relay over Mooncake, or not of that version (NotRelayable)", ErrorBody),
+            404: ("This agent does not relay that version (NotRelayable)", ErrorBody),
+            410: (
+                "No relay over Mooncake here (no --relay-mooncake, or no relay at all) (NotRelayable)",
+                ErrorBody,
+            ),
         },
         parameters=[_VERSION_PARAM],
     ),

@@ -173,6 +173,34 @@ async def test_peer_without_the_version_falls_back(
     assert (last["bytes_from_peer"], last["bytes_from_source"]) == (0, _total(tree, "v2"))
 
 
+async def test_a_peer_that_never_relays_is_left_at_once(
+    tree: Tree, agent_factory: AgentFactory, token_file: Path
+) -> None:
+    """A peer run with --no-relay (or an engine that keeps no copy) answers 410 Gone, not the 404
+    of one that may be about to begin: the reader takes the source without waiting for it."""
+    peer = await static_token_agent(agent_factory, token_file, source=tree.file_uri, relay=False)
+    assert (await peer.update("v2"))[0] == 202
+    assert (await peer.wait_settled())["version"] == "v2"
+    async with peer.session.get(
+        f"{peer.url}/v1/relay/v2/manifest.json", headers={"Authorization": f"Bearer {STATIC_TOKEN}"}
+    ) as resp:
+        assert resp.status == 410
+        assert await resp.json() == {
+            "error": "NotRelayable",
+            "message": "this agent does not relay: it runs with --no-relay",
+        }
+    client = await static_token_agent(agent_factory, token_file, source=tree.file_uri, initial_version="v1")
+    await client.wait_settled()
+    assert (await client.update("v2", source={"uri": tree.file_uri, "peer": peer.url}))[0] == 202
+    status = await client.wait_settled()
+    last = status["last_load"]
+    assert status["version"] == "v2"
+    assert last["fallback_reason"] == (
+        f"SourceUnreachable: peer {peer.url}/v1/relay: {peer.url}/v1/relay answered HTTP 410 for the manifest"
+    )
+    assert (last["bytes_from_peer"], last["bytes_from_source"]) == (0, _total(tree, "v2"))
+
+
 async def test_relay_endpoints_need_the_token_and_serve_only_the_live_version(
     tree: Tree, agent_factory: AgentFactory, token_file: Path
 ) -> None:
@@ -195,7 +223,7 @@ async def test_relay_endpoints_need_the_token_and_serve_only_the_live_version(
     async with peer.session.get(f"{peer.url}/v1/relay/v1/{shard}", headers=headers) as resp:
         assert (resp.status, (await resp.json())["error"]) == (404, "NotRelayable")
     async with peer.session.get(f"{peer.url}/v1/mooncake/v2", headers=headers) as resp:
-        assert resp.status == 404  # started without --relay-mooncake
+        assert resp.status == 410  # started without --relay-mooncake: never, not "not yet"
 
     # A new load withdraws the old copy; an unverified load is relayed too (readers verify).
     assert (await peer.update("v3", verify_checksum=False))[0] == 202

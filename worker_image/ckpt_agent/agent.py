@@ -117,6 +117,16 @@ def _disk_engine(config: AgentConfig) -> Engine:
     )
 
 
+def never_relays(config: AgentConfig) -> str | None:
+    """Why this agent will never serve a relay copy (None: it relays what it loads). Peers are
+    told at once, so a reader falls back to the source instead of waiting for it to begin."""
+    if not config.relay:
+        return "it runs with --no-relay"
+    if config.engine in ("fastdeploy", "null"):
+        return f"its {config.engine} engine keeps no copy of the weights it loads"
+    return None
+
+
 def _relay_exporter(config: AgentConfig) -> RelayExporter | None:
     from ckpt_agent.mooncake import runtime
 
@@ -229,7 +239,11 @@ async def build_agent(config: AgentConfig) -> Agent:
         peer_tls=peer_tls(config),
     )
     app = create_app(
-        service, authenticator, _relay_exporter(config), sync_timeout_s=config.sync_update_timeout
+        service,
+        authenticator,
+        _relay_exporter(config),
+        sync_timeout_s=config.sync_update_timeout,
+        never_relays=never_relays(config),
     )
     metrics_server = None
     if config.metrics_port is not None:

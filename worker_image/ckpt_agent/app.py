@@ -180,10 +180,12 @@ def create_app(
     relay_exporter: RelayExporter | None = None,
     *,
     sync_timeout_s: float = control_api.DEFAULT_SYNC_TIMEOUT_S,
+    never_relays: str | None = None,
 ) -> web.Application:
     """`authenticator=None` turns auth off; callers must ask for that explicitly (`--no-auth`).
     `relay_exporter`: serve the relay copy over Mooncake too (http relay is always there).
-    `sync_timeout_s`: how long a synchronous update_weights waits for its load."""
+    `sync_timeout_s`: how long a synchronous update_weights waits for its load.
+    `never_relays`: why this agent serves no relay at all (its relay routes answer 410)."""
 
     def rejected(reason: str) -> None:
         service.metrics.auth_failures.labels(reason).inc()
@@ -203,7 +205,7 @@ def create_app(
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get(OPENAPI_PATH, openapi)
-    add_relay_routes(app, lambda: service.relay, relay_exporter)
+    add_relay_routes(app, lambda: service.relay, relay_exporter, never=never_relays)
 
     async def on_startup(_app: web.Application) -> None:
         await service.start()

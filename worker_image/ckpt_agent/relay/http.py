@@ -11,8 +11,10 @@
                                             runs with --relay-mooncake tcp|rdma)
 
 Only the version this agent loaded and verified, while it is live, or the one it loads while
-asked to relay it as it loads (tensor by tensor, each once verified): anything else is 404, and
-the asking agent falls back to the source.
+asked to relay it as it loads (tensor by tensor, each once verified): anything else is 404 (the
+asking agent waits briefly for a peer that may be about to begin, then falls back to the
+source); an agent that never relays (its engine keeps no copy, --no-relay, or no Mooncake relay)
+answers 410, and the asking agent falls back at once.
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ from ckpt_agent.manifest import MANIFEST_NAME
 from ckpt_agent.mooncake.descriptor import Descriptor
 from ckpt_agent.relay.copy import NotReady, RelayCopy, RelayGone
 from ckpt_agent.relay.export import RelayExporter
+from ckpt_api.constants import VERSION_PATTERN
 from ckpt_api.vocabulary import ErrorCode
 
 log = logging.getLogger(__name__)
 
 _RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
+_VERSION = re.compile(VERSION_PATTERN)
 
 CurrentCopy = Callable[[], RelayCopy | None]
 
@@ -123,9 +127,27 @@ async def _readiness(copy: RelayCopy, file: str, wanted: str, size: int) -> web.
     return web.json_response({"ready": ready, "complete": copy.complete})
 
 
-def add_relay_routes(app: web.Application, current: CurrentCopy, exporter: RelayExporter | None) -> None:
+def _never(why: str) -> web.Response:
+    # 410, not 404: a reader waits for a 404ing peer to begin relaying (it may be called in the
+    # same moment), and must not wait for one that never will.
+    return web.json_response(
+        {"error": ErrorCode.NOT_RELAYABLE, "message": f"this agent does not relay: {why}"}, status=410
+    )
+
+
+def add_relay_routes(
+    app: web.Application, current: CurrentCopy, exporter: RelayExporter | None, *, never: str | None = None
+) -> None:
+    def refused(version: str, why: str | None) -> web.Response | None:
+        """404 for a name no version has, then 410 if this agent (or transport) never relays."""
+        if not _VERSION.fullmatch(version):
+            return _not_relayable(f"{version!r} is not a version name")
+        return None if why is None else _never(why)
+
     async def relay_file(request: web.Request) -> web.StreamResponse:
         version, file = request.match_info["version"], request.match_info["file"]
+        if (answer := refused(version, never)) is not None:
+            return answer
         copy = _copy_for(current, version)
         if isinstance(copy, web.Response):
             return copy
@@ -148,8 +170,12 @@ def add_relay_routes(app: web.Application, current: CurrentCopy, exporter: Relay
 
     async def mooncake_descriptor(request: web.Request) -> web.Response:
         version = request.match_info["version"]
-        if exporter is None:
-            return _not_relayable("this agent does not relay over mooncake (start it with --relay-mooncake)")
+        why = never or (
+            None if exporter is not None else "not over mooncake (start it with --relay-mooncake)"
+        )
+        if (answer := refused(version, why)) is not None:
+            return answer
+        assert exporter is not None
         copy = _copy_for(current, version)
         if isinstance(copy, web.Response):
             return copy
