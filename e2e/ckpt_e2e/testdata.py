@@ -22,6 +22,7 @@ _VALID_SPEC_DEFAULTS: dict[str, Any] = {
         "pauseAfterWave": [],
         "pauseDurationSeconds": 0,
         "peerRelay": True,
+        "relayFanout": 1,
         "maxConcurrency": 64,
         "healthCheck": {
             "enabled": True,
