@@ -127,12 +127,13 @@ def _assert_agent_metrics(prom: Prometheus, namespace: str, pods: set[str], vers
     assert prom.by(f'ckpt_agent_loads_total{{{agents}, result="succeeded"}}', "pod") == dict.fromkeys(pods, 2)
     assert prom.one(f'sum(ckpt_agent_load_seconds_count{{{agents}, result="failed"}})') == 0
     assert prom.by(f'ckpt_agent_version_info{{{agents}, version="v2"}}', "pod") == dict.fromkeys(pods, 1)
-    # Every pod pulled v2 once, whole; the canary from the source, the second wave from peers.
+    # Every pod pulled v2 once, whole: the canary from the source; the second wave (two members)
+    # as two chains, one fed by the canary, one by the source.
     rollout = f'{agents}, rollout="{NAME}"'
     pulled = prom.by(f"sum by (pod) (ckpt_agent_pulled_bytes_total{{{rollout}}})", "pod")
     assert pulled == dict.fromkeys(pods, version_bytes)
     by_origin = prom.by(f"sum by (origin) (ckpt_agent_pulled_bytes_total{{{rollout}}})", "origin")
-    assert by_origin == {"source": version_bytes, "peer": (REPLICAS - 1) * version_bytes}
+    assert by_origin == {"source": 2 * version_bytes, "peer": (REPLICAS - 2) * version_bytes}
     resident = prom.by(f"process_resident_memory_bytes{{{agents}}}", "pod")
     assert set(resident) == pods
     assert min(resident.values()) > 0

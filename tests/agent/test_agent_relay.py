@@ -134,6 +134,11 @@ async def test_bad_peer_and_bad_source_leave_the_old_weights_live(
     assert status["last_error"]["reason"] == "ChecksumMismatch"
     assert status["last_load"]["fallback_reason"].startswith("ChecksumMismatch")
     assert close_to(await client.infer(), scratch_tree.expected("v1"))
+    # The source's failure ends the load: it is not read again from the start after the peer
+    # was left (the bad first tensor, once from the peer and once from the source).
+    pulled = "ckpt_agent_pulled_bytes_total"
+    assert await client.metric(pulled, {"origin": "peer"}) == entry.nbytes
+    assert await client.metric(pulled, {"origin": "source"}) == _total(scratch_tree, "v1") + entry.nbytes
 
 
 async def test_unreachable_peer_falls_back_to_the_source(

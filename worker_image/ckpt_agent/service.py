@@ -406,6 +406,8 @@ class AgentService:
         except LoadError as exc:
             if job.peer is None or exc.weights_lost or not is_peer_fault(exc):
                 raise
+            if self.progress.fallback_reason is not None:
+                raise  # it left the peer part way already: this failure is the source's
             self._fallback = f"{exc.reason}: {exc.message}"
         self._peer_bytes = self.progress.bytes_done
         log.warning("peer load of %s failed (%s); falling back to the source", job.version, self._fallback)
@@ -470,8 +472,9 @@ class AgentService:
         peer_bytes, source_bytes = (loaded, 0) if from_peer else (self._peer_bytes, loaded)
         fallback = self._fallback
         left_at = self.progress.bytes_before_fallback
-        if from_peer and left_at is not None:
-            # The peer failed part way and the source sent the rest (resumed by tensor).
+        if job.peer is not None and left_at is not None and (outcome is None or from_peer):
+            # The peer failed part way and the source sent the rest (resumed by tensor), or
+            # failed the load in its turn.
             peer_bytes, source_bytes = left_at, max(self.progress.bytes_done - left_at, 0)
             fallback = self.progress.fallback_reason
         self.last_load = LastLoad(
