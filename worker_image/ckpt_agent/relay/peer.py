@@ -21,9 +21,10 @@ from ckpt_api.tls import ReloadingContext
 
 RELAY_PATH = "/v1/relay"
 # How long a load waits for its peer to begin relaying the version (it may be called at the same
-# moment), and how often it looks.
+# moment), and how often it looks: soon at first (a chain's hops add up), then backing off (each
+# look may cost the peer a TLS handshake).
 PEER_START_WAIT_S = 10.0
-_PEER_START_POLL_S = 0.01
+_PEER_START_POLL_S = (0.01, 0.25)
 # A peer that sends nothing this long is dropped (the load resumes from the source): shorter than
 # a source's 30 s, since the source remains to fall back to.
 PEER_STALL_S = 10.0
@@ -113,6 +114,7 @@ class PeerTransport:
         if version in self._relaying:
             return
         deadline = time.monotonic() + PEER_START_WAIT_S
+        pause, longest = _PEER_START_POLL_S
         while True:
             try:
                 self._peer.fetch_manifest(version, DEFAULT_MAX_MANIFEST_BYTES)
@@ -125,7 +127,8 @@ class PeerTransport:
                         Reason.SOURCE_UNREACHABLE,
                         f"peer {self.peer_uri} did not relay {version} within {PEER_START_WAIT_S:g}s",
                     ) from None
-            time.sleep(_PEER_START_POLL_S)
+            time.sleep(pause)
+            pause = min(pause * 2, longest)
         self._relaying.add(version)
 
     def open_range(self, version: str, file: str, start: int, end: int) -> ByteStream:
