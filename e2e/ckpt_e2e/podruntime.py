@@ -9,6 +9,7 @@ deleted or gone. It is driven by a list+watch, so it follows pods within millise
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -140,7 +141,10 @@ class PodRuntime:
         self._stopping.set()
         resp = self._response
         if resp is not None:
-            resp.shutdown()  # unblocks the watch read in the runtime thread
+            # Unblocks the watch read in the runtime thread; EBADF: the thread closed that watch
+            # itself meanwhile (it ended), so nothing blocks on it.
+            with contextlib.suppress(OSError):
+                resp.shutdown()
         if self._thread is not None:
             self._thread.join(timeout=self._grace * 2 + 10)
         with self._lock:
