@@ -127,7 +127,7 @@ class RelayCopy:
         deadline = time.monotonic() + limit_s
         while True:
             if self.released:
-                raise RelayGone(f"{self.version} is no longer relayed (its load failed)")
+                raise self._gone()
             if self._loop is None:
                 return ready()
             if self._changed is None or self._changed.done():
@@ -140,6 +140,17 @@ class RelayCopy:
                 return False
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._changed), left)
+
+    def _until(self, ready: Callable[[], bool]) -> Iterator[NotReady]:
+        """`NotReady` until `ready()` holds (the reader waits in between); RelayGone if the copy is
+        released meanwhile."""
+        while not ready():
+            if self.released:
+                raise self._gone()
+            yield NotReady(ready)
+
+    def _gone(self) -> RelayGone:
+        return RelayGone(f"{self.version} is no longer relayed (its load failed)")
 
     def _wake(self) -> None:
         loop = self._loop
@@ -175,10 +186,8 @@ class RelayCopy:
         """Bytes [start, end) of `file` in the original shard layout, in pieces of at most 1 MiB;
         bytes between tensors (header, padding) come out as zeros. Blocking. Before a tensor (or
         file) a running load has not verified yet: `NotReady` (pull again once it is)."""
-        while not self.extras_ready and file in self.manifest.extra_files:
-            if self.released:
-                raise RelayGone(f"{self.version} is no longer relayed (its load failed)")
-            yield NotReady(lambda: self.extras_ready)
+        if file in self.manifest.extra_files:
+            yield from self._until(lambda: self.extras_ready)
         extra = self.extra_files.get(file)
         if extra is not None:
             view = memoryview(extra)
@@ -199,10 +208,7 @@ class RelayCopy:
             if entry.offset > pos:
                 yield from _zeros(entry.offset - pos)
                 pos = entry.offset
-            while not self.is_ready(entry):
-                if self.released:
-                    raise RelayGone(f"{self.version} is no longer relayed (its load failed)")
-                yield NotReady(partial(self.is_ready, entry))
+            yield from self._until(partial(self.is_ready, entry))
             data = self._read_tensor(entry)
             hi = min(end, entry.end)
             for lo in range(pos, hi, _PIECE):
