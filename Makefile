@@ -52,7 +52,7 @@ lint: install
 # template) and the checkpoint manifest's JSON schema, all from the pydantic models.
 crds: install
 	$(BIN)/ckpt-rollout crd > $(CRD_FILE)
-	$(BIN)/python -m ckpt_rollout.chart_files charts/ckpt-rollout
+	$(BIN)/python -m ckpt_rollout.chartgen.chart_files charts/ckpt-rollout
 	$(BIN)/python -m ckpt_api.manifest > $(MANIFEST_SCHEMA)
 
 # crds, plus the static manifest of the `kubectl apply` install path (needs helm: provisioned
@@ -60,7 +60,7 @@ crds: install
 .PHONY: generate
 generate: crds
 	helm=$$(python3 e2e/ckpt_e2e/provision.py helm | cut -f2) && \
-	$(BIN)/python -m ckpt_rollout.chart_files charts/ckpt-rollout \
+	$(BIN)/python -m ckpt_rollout.chartgen.chart_files charts/ckpt-rollout \
 	  --helm "$$helm" --static-manifest examples/kubectl/operator.yaml
 
 # Regenerates every generated file and fails if the committed copies differ.

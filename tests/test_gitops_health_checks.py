@@ -11,7 +11,7 @@ import yaml
 
 from ckpt_api.vocabulary import Phase, RolloutReason
 from ckpt_e2e.gitops import ARGOCD_CM, HEALTH_KEY, HEALTH_LUA, ROOT, Health, argocd_health, lua_literal
-from ckpt_rollout.conditions import Verdict, evaluate_conditions
+from ckpt_rollout.domain.conditions import Verdict, evaluate_conditions
 
 GENERATION = 4
 NOW = "2026-12-01T12:00:00Z"

@@ -26,7 +26,7 @@ SCANNED = [
 
 # (path under a scanned root's parent, literal): why it is not the vocabulary word.
 ALLOWED = {
-    ("ckpt_rollout/chart_values.py", "ckpt-rollout-operator"): (
+    ("ckpt_rollout/chartgen/chart_values.py", "ckpt-rollout-operator"): (
         "the operator image's default repository, which shares the Lease's name"
     ),
 }

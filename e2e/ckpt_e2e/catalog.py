@@ -71,7 +71,7 @@ def publish_version(
     """Write the reference model for ``seed`` and publish it as ``version`` under ``root`` with
     `ckpt-rollout publish`, with its published reference outputs (none for a NaN checkpoint);
     returns the manifest digest."""
-    from ckpt_agent.synth import ReferenceModelSpec, published_reference, write_reference_checkpoint
+    from ckpt_agent.formats.synth import ReferenceModelSpec, published_reference, write_reference_checkpoint
 
     spec = ReferenceModelSpec(hidden=hidden, layers=layers)
     src = work / f"src-{version}"

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from kubernetes import config
 
-from ckpt_agent.synth import expected_infer_output
+from ckpt_agent.formats.synth import expected_infer_output
 from ckpt_api.tls import agent_server_name
 
 from .cluster import ClusterOptions, LocalCluster

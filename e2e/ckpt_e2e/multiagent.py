@@ -28,13 +28,13 @@ from typing import Any
 from aiohttp import web
 
 from ckpt_agent.agent import Agent
-from ckpt_agent.app import create_app
-from ckpt_agent.auth import StaticTokenAuthenticator
+from ckpt_agent.common.metrics import AgentMetrics
 from ckpt_agent.engines.null import NullEngine
-from ckpt_agent.httpserver import AppServer
-from ckpt_agent.metrics import AgentMetrics
-from ckpt_agent.reporting import DisabledReporter, KubeReporter, StatusReporter
-from ckpt_agent.service import AgentService
+from ckpt_agent.server.app import create_app
+from ckpt_agent.server.auth import StaticTokenAuthenticator
+from ckpt_agent.server.httpserver import AppServer
+from ckpt_agent.service.reporting import DisabledReporter, KubeReporter, StatusReporter
+from ckpt_agent.service.service import AgentService
 from ckpt_api.constants import DEFAULT_AGENT_PORT
 from ckpt_api.vocabulary import LoadResult, WorkerPhase
 
@@ -116,7 +116,7 @@ class MultiAgentHost:
     async def start(self) -> None:
         _raise_open_files_limit()
         if self._report:
-            from ckpt_agent.kube import new_api_client
+            from ckpt_agent.server.kube import new_api_client
 
             self.api = CountingApiClient(await new_api_client())
         # One authenticator for all: it re-reads the same token file for every agent anyway.

@@ -25,17 +25,17 @@ SCORE_FLOOR = 0.90
 
 # The pure core: the modules whose every branch a rollout's correctness rests on.
 MUTATED = (
-    "ckpt_rollout/planning.py",
-    "ckpt_rollout/conditions.py",
-    "ckpt_rollout/outcomes.py",
-    "ckpt_rollout/selectors.py",
-    "ckpt_rollout/mergepatch.py",
-    "ckpt_rollout/machine.py",
-    "ckpt_rollout/analyzing.py",
-    "ckpt_rollout/drive.py",
-    "ckpt_rollout/plan.py",
-    "ckpt_rollout/freshness.py",
-    "ckpt_rollout/analysis.py",
+    "ckpt_rollout/domain/planning.py",
+    "ckpt_rollout/domain/conditions.py",
+    "ckpt_rollout/domain/outcomes.py",
+    "ckpt_rollout/domain/selectors.py",
+    "ckpt_rollout/domain/mergepatch.py",
+    "ckpt_rollout/domain/machine.py",
+    "ckpt_rollout/domain/analyzing.py",
+    "ckpt_rollout/domain/drive.py",
+    "ckpt_rollout/domain/plan.py",
+    "ckpt_rollout/domain/freshness.py",
+    "ckpt_rollout/domain/analysis.py",
 )
 PACKAGES = {
     "ckpt_rollout": ROOT / "operator" / "ckpt_rollout",

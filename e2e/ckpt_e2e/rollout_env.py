@@ -341,7 +341,7 @@ def served_output(worker: Worker, token: str) -> list[float]:
 
 @functools.cache
 def _expected_output(version_dir: Path) -> tuple[float, ...]:
-    from ckpt_agent.synth import expected_infer_output
+    from ckpt_agent.formats.synth import expected_infer_output
 
     return tuple(expected_infer_output(version_dir))
 

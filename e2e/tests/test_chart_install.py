@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ckpt_agent.auth import Access, UserInfo, access_review
+from ckpt_agent.server.auth import Access, UserInfo, access_review
 from ckpt_api.vocabulary import LEASE_NAME
 from ckpt_e2e.fixtures import ClusterHandle
 from ckpt_e2e.kubectl import Kubectl
@@ -168,7 +168,7 @@ def _can(kube: Kubectl, user: str, verb: str, resource: str, namespace: str | No
 
 
 def _may(kube: Kubectl, user: str, verb: str, resource: str, namespace: str) -> bool:
-    """The SubjectAccessReview an agent asks (ckpt_agent.auth.access_review) about ``resource``
+    """The SubjectAccessReview an agent asks (ckpt_agent.server.auth.access_review) about ``resource``
     of group rollout.ckpt.dev, which no API serves: `kubectl auth can-i` resolves resources by
     discovery, so it cannot ask this."""
     kind, _, subresource = resource.partition("/")

@@ -36,7 +36,7 @@ from ckpt_e2e.rollout_env import (
     update_calls,
 )
 from ckpt_e2e.rollout_fixtures import Fleet, OperatorIdentity
-from ckpt_rollout.chart_values import DEFAULT_AGENT_JOB
+from ckpt_rollout.chartgen.chart_values import DEFAULT_AGENT_JOB
 
 pytestmark = pytest.mark.integration
 

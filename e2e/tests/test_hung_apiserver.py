@@ -1,6 +1,6 @@
 """A hung apiserver (SIGSTOP: connections accepted, never answered) on the local control plane:
 an agent whose TokenReview cannot be answered says so within its documented bound (503
-AuthUnavailable with Retry-After, ckpt_agent.auth.TOKENREVIEW_TIMEOUT_S) instead of holding the
+AuthUnavailable with Retry-After, ckpt_agent.server.auth.TOKENREVIEW_TIMEOUT_S) instead of holding the
 caller, and answers normally once the apiserver is back. The leader election's side of a hung
 apiserver is in test_leader_lease.py."""
 
@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 from kubernetes import client
 
-from ckpt_agent.auth import TOKENREVIEW_TIMEOUT_S
+from ckpt_agent.server.auth import TOKENREVIEW_TIMEOUT_S
 from ckpt_api.constants import agent_audience
 from ckpt_e2e.fixtures import ClusterHandle
 from ckpt_e2e.rollout_env import http_json, urlopen

@@ -116,7 +116,7 @@ def test_operator_real_commands(operator_venv: Venv) -> None:
         [
             operator_venv.bin("python"),
             "-c",
-            "from ckpt_rollout.client import release, set_target_version, wait_for",
+            "from ckpt_rollout.tools.client import release, set_target_version, wait_for",
         ]
     )
     assert imported.returncode == 0, imported.stderr

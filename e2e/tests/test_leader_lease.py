@@ -19,7 +19,7 @@ from ckpt_e2e.rollout_fixtures import OperatorIdentity
 
 pytestmark = pytest.mark.integration
 
-# ckpt_rollout.leader's defaults: the lease lasts 15 s and is renewed every 5 s.
+# ckpt_rollout.controller.leader's defaults: the lease lasts 15 s and is renewed every 5 s.
 LEASE_S = 15
 
 

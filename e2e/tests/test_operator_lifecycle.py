@@ -299,7 +299,7 @@ def test_two_replicas_hand_over_without_double_updates(
         return len(rollouts.status("fleet").get("waves") or []) >= 2
 
     wait_for(wave2_started, 120, "wave 2 started", interval=0.05)
-    # Each replica holds the Lease as "<hostname>-<pid>" (ckpt_rollout.leader).
+    # Each replica holds the Lease as "<hostname>-<pid>" (ckpt_rollout.controller.leader).
     identity = {op.name: f"{socket.gethostname()}-{op.proc.pid if op.proc else None}" for op in operator_pair}
     (active,) = [op for op in operator_pair if identity[op.name] == holder()]
     (standby,) = [op for op in operator_pair if op is not active]

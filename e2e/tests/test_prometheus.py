@@ -20,7 +20,7 @@ from ckpt_e2e.prometheus import Job, Prometheus, prometheus_server
 from ckpt_e2e.rollout_env import CheckpointSource, Rollouts, operator_with_metrics, rollout_spec
 from ckpt_e2e.rollout_fixtures import Fleet, OperatorIdentity
 from ckpt_e2e.serviceaccounts import CHART, render_chart
-from ckpt_rollout.chart_values import DEFAULT_AGENT_JOB
+from ckpt_rollout.chartgen.chart_values import DEFAULT_AGENT_JOB
 
 pytestmark = pytest.mark.integration
 

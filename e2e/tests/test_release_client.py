@@ -30,7 +30,7 @@ from ckpt_e2e.rollout_env import (
     rollout_spec,
 )
 from ckpt_e2e.rollout_fixtures import Fleet
-from ckpt_rollout.client import FIELD_MANAGER, ReleaseError, ReleaseFailed, publish, release
+from ckpt_rollout.tools.client import FIELD_MANAGER, ReleaseError, ReleaseFailed, publish, release
 
 pytestmark = [pytest.mark.integration, pytest.mark.scenario]
 

@@ -44,7 +44,7 @@ from ckpt_e2e.serviceaccounts import (
     mint_token,
     render_chart,
 )
-from ckpt_rollout.agent_tokens import TOKEN_REQUEST_TIMEOUT_S, AgentTokenUnavailable, TokenRequestTokens
+from ckpt_rollout.io.agent_tokens import TOKEN_REQUEST_TIMEOUT_S, AgentTokenUnavailable, TokenRequestTokens
 
 pytestmark = pytest.mark.integration
 

@@ -180,7 +180,7 @@ MAX_REFERENCE_OUTPUTS = 4096
 
 class ReferenceRecord(_Record):
     """What the paddle reference engine's forward pass answers on its fixed input
-    (`ckpt_agent.synth.reference_input`) with these weights, as the publisher computed it. An
+    (`ckpt_agent.formats.synth.reference_input`) with these weights, as the publisher computed it. An
     agent's smoke check compares its own output against it, which catches a wrong export whose
     bytes match their checksums and hold no NaN. Other engines ignore it."""
 

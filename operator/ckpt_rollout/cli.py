@@ -34,15 +34,20 @@ class CommandGroup:
 
 
 GROUPS: tuple[CommandGroup, ...] = (
-    CommandGroup("ckpt_rollout.runner", "add_command", ("operator",), "pip install 'ckpt-rollout[operator]'"),
     CommandGroup(
-        "ckpt_rollout.commands",
+        "ckpt_rollout.controller.runner", "add_command", ("operator",), "pip install 'ckpt-rollout[operator]'"
+    ),
+    CommandGroup(
+        "ckpt_rollout.tools.commands",
         "add_commands",
         ("status", "watch", "pause", "resume", "promote", "abort", "retry", "dashboard"),
         "pip install 'ckpt-rollout[operator]'",
     ),
     CommandGroup(
-        "ckpt_rollout.release_command", "add_command", ("release",), "pip install 'ckpt-rollout[operator]'"
+        "ckpt_rollout.tools.release_command",
+        "add_command",
+        ("release",),
+        "pip install 'ckpt-rollout[operator]'",
     ),
     CommandGroup(
         "ckpt_agent.cli",

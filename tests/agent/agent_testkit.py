@@ -19,14 +19,20 @@ import aiohttp
 import xxhash
 
 from ckpt_agent.config import AuthConfig
-from ckpt_agent.manifest import MANIFEST_NAME, ExtraFile, encode_manifest, manifest_digest, parse_manifest
-from ckpt_agent.publish import publish
-from ckpt_agent.synth import (
+from ckpt_agent.formats.manifest import (
+    MANIFEST_NAME,
+    ExtraFile,
+    encode_manifest,
+    manifest_digest,
+    parse_manifest,
+)
+from ckpt_agent.formats.synth import (
     ReferenceModelSpec,
     expected_infer_output,
     published_reference,
     write_reference_checkpoint,
 )
+from ckpt_agent.source.publish import publish
 from ckpt_api.agent_api import PREFER_HEADER, RESPOND_ASYNC
 
 SPEC = ReferenceModelSpec(hidden=32, layers=3, outputs=8)

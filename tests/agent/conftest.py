@@ -15,8 +15,8 @@ from agent_testkit import SPEC, STATIC_TOKEN, AgentClient, AgentFactory, Tree
 
 from ckpt_agent.agent import Agent, build_agent
 from ckpt_agent.config import AgentConfig, AuthConfig, TLSConfig
-from ckpt_agent.httpserver import AppServer
-from ckpt_agent.serve import create_source_app
+from ckpt_agent.server.httpserver import AppServer
+from ckpt_agent.source.serve import create_source_app
 
 
 @pytest.fixture(scope="session")

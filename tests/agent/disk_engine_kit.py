@@ -12,8 +12,8 @@ import numpy as np
 from agent_testkit import AgentClient, AgentFactory, Tree
 from engine_standin import UNINITIALISED, ModelWeights
 
-from ckpt_agent.httpserver import AppServer
-from ckpt_agent.synth import load_published_tensors
+from ckpt_agent.formats.synth import load_published_tensors
+from ckpt_agent.server.httpserver import AppServer
 
 
 class StandIn(Protocol):

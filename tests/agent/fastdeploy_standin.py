@@ -46,7 +46,7 @@ from typing import Any
 from aiohttp import web
 from engine_standin import Generator
 
-from ckpt_agent.httpserver import AppServer, serve_until_signalled
+from ckpt_agent.server.httpserver import AppServer, serve_until_signalled
 
 PAUSE_REQUIRED = "Pause LLM Engine first before calling updating weights"
 NO_VERSION = (

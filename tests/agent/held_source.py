@@ -11,9 +11,9 @@ from pathlib import Path
 
 from aiohttp import web
 
-from ckpt_agent.httpserver import AppServer
-from ckpt_agent.manifest import MANIFEST_NAME, TensorEntry, parse_manifest
-from ckpt_agent.serve import create_source_app
+from ckpt_agent.formats.manifest import MANIFEST_NAME, TensorEntry, parse_manifest
+from ckpt_agent.server.httpserver import AppServer
+from ckpt_agent.source.serve import create_source_app
 
 _PIECE = 1 << 16
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -46,7 +46,7 @@ from typing import Any
 from aiohttp import web
 from engine_standin import Generator, ModelWeights, drop_connection, holds_nan, iter_tensors, weight_files
 
-from ckpt_agent.httpserver import AppServer
+from ckpt_agent.server.httpserver import AppServer
 
 VERSION = "0.5.23"
 PAUSE_MODES = ("abort", "retract", "in_place")

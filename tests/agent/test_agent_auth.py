@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from agent_testkit import AgentClient, AgentFactory, Tree
 
-from ckpt_agent.auth import (
+from ckpt_agent.config import AgentConfig, AuthConfig, ConfigError
+from ckpt_agent.server.auth import (
     Access,
     AuthDecision,
     UserInfo,
@@ -22,7 +23,6 @@ from ckpt_agent.auth import (
     review_failed,
     settle_refusal,
 )
-from ckpt_agent.config import AgentConfig, AuthConfig, ConfigError
 from ckpt_e2e.procs import PortReservation
 
 AUTH_FAILURES = "ckpt_agent_auth_failures_total"

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from agent_testkit import SPEC, AgentClient, AgentFactory, Tree, close_to, set_extra_files
 
-from ckpt_agent.httpserver import AppServer
-from ckpt_agent.manifest import DEFAULT_MAX_MANIFEST_BYTES
-from ckpt_agent.mooncake import runtime
-from ckpt_agent.mooncake.export import directory_exports
-from ckpt_agent.serve import create_source_app
+from ckpt_agent.formats.manifest import DEFAULT_MAX_MANIFEST_BYTES
+from ckpt_agent.server.httpserver import AppServer
+from ckpt_agent.source.serve import create_source_app
+from ckpt_agent.transport.mooncake import runtime
+from ckpt_agent.transport.mooncake.export import directory_exports
 
 # The tokenizer is larger than the relay's 1 MiB pieces and than a read chunk: it is served and
 # read in several parts.

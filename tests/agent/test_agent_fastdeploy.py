@@ -20,7 +20,7 @@ from fastdeploy_standin import PAUSE_REQUIRED, FastDeployStandIn, MidLoadFailure
 
 from ckpt_agent.cli import add_commands, config_from_args
 from ckpt_agent.config import ConfigError
-from ckpt_agent.reporting import DisabledReporter
+from ckpt_agent.service.reporting import DisabledReporter
 
 ROLLOUT = {"namespace": "rl", "name": "fleet", "uid": "u", "wave": 0}
 AGENT_ARGV = ["agent", "--no-auth", "--plain-http", "--engine", "fastdeploy"]

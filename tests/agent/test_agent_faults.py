@@ -21,7 +21,7 @@ from agent_testkit import (
 )
 from safetensors.numpy import save_file
 
-from ckpt_agent.synth import ReferenceModelSpec, reference_params
+from ckpt_agent.formats.synth import ReferenceModelSpec, reference_params
 
 ROLLOUT = {"namespace": "rl", "name": "fleet", "uid": "uid-7", "wave": 1}
 

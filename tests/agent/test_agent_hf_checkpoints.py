@@ -24,11 +24,11 @@ from vllm_standin import VLLMStandIn
 from ckpt_agent.agent import build_agent
 from ckpt_agent.cli import build_parser, config_from_args
 from ckpt_agent.config import AgentConfig, AuthConfig, ConfigError, TLSConfig
-from ckpt_agent.dtypes import nbytes_of
 from ckpt_agent.engines.boot_checkpoint import BootCheckpointError
 from ckpt_agent.engines.paddle_tensors import read_bytes, supported_dtypes, tensor_from_bytes
-from ckpt_agent.manifest import TensorEntry
-from ckpt_agent.safetensors_format import write_file
+from ckpt_agent.formats.dtypes import nbytes_of
+from ckpt_agent.formats.manifest import TensorEntry
+from ckpt_agent.formats.safetensors_format import write_file
 from ckpt_e2e.hf_checkpoint import HFCheckpoint, Tensor, llama_like, write_safetensors
 
 INDEX = "model.safetensors.index.json"

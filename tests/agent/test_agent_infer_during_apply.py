@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 from agent_testkit import AgentClient, Tree, close_to, wait_until
 
-from ckpt_agent.synth import ReferenceModelSpec
+from ckpt_agent.formats.synth import ReferenceModelSpec
 from ckpt_api.vocabulary import ErrorCode
 from ckpt_e2e.procs import spawn_server, stop
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_agent.logformat import JsonFormatter, severity
+from ckpt_agent.common.logformat import JsonFormatter, severity
 from ckpt_e2e.procs import spawn, stop, wait_for
 
 SEVERITIES = {"debug", "info", "warn", "error", "fatal"}

@@ -9,9 +9,15 @@ from typing import Any
 import pytest
 from agent_testkit import Tree
 
-from ckpt_agent.errors import LoadError, Reason
-from ckpt_agent.manifest import Manifest, TensorEntry, encode_manifest, manifest_digest, parse_manifest
-from ckpt_agent.reader import plan_runs
+from ckpt_agent.common.errors import LoadError, Reason
+from ckpt_agent.formats.manifest import (
+    Manifest,
+    TensorEntry,
+    encode_manifest,
+    manifest_digest,
+    parse_manifest,
+)
+from ckpt_agent.pipeline.reader import plan_runs
 
 
 def _doc() -> dict[str, Any]:

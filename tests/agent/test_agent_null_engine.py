@@ -11,8 +11,8 @@ from agent_testkit import AgentFactory
 from ckpt_agent.cli import add_commands, config_from_args
 from ckpt_agent.engines.base import LoadJob
 from ckpt_agent.engines.null import NullEngine
-from ckpt_agent.pause_gate import LOAD, USER, PauseGate
-from ckpt_agent.reader import LoadProgress
+from ckpt_agent.pipeline.pause_gate import LOAD, USER, PauseGate
+from ckpt_agent.pipeline.reader import LoadProgress
 
 ROLLOUT = {"namespace": "rl", "name": "fleet", "uid": "u", "wave": 1}
 

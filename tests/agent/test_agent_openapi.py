@@ -12,12 +12,12 @@ import pytest
 import schemathesis
 from agent_testkit import AgentClient, AgentFactory, Tree
 
-from ckpt_agent.app import create_app
+from ckpt_agent.common.metrics import AgentMetrics
 from ckpt_agent.config import AuthConfig
 from ckpt_agent.engines.null import NullEngine
-from ckpt_agent.metrics import AgentMetrics
-from ckpt_agent.reporting import DisabledReporter
-from ckpt_agent.service import AgentService
+from ckpt_agent.server.app import create_app
+from ckpt_agent.service.reporting import DisabledReporter
+from ckpt_agent.service.service import AgentService
 from ckpt_api.agent_openapi import ENDPOINTS, OPENAPI_PATH, openapi_document
 
 TOKEN = "s3cret-token"

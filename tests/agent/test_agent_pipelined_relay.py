@@ -27,8 +27,8 @@ from agent_testkit import (
 )
 from held_source import HeldSource
 
-from ckpt_agent.manifest import TensorEntry
-from ckpt_agent.relay import http as relay_http
+from ckpt_agent.formats.manifest import TensorEntry
+from ckpt_agent.server import relay_routes as relay_http
 
 PULLED = "ckpt_agent_pulled_bytes_total"
 

@@ -10,11 +10,11 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from ckpt_agent.errors import RequestError
-from ckpt_agent.metrics import AgentMetrics
-from ckpt_agent.report import worker_entry
-from ckpt_agent.reporting import KubeReporter
-from ckpt_agent.update_request import RolloutRef, parse_rollout
+from ckpt_agent.common.errors import RequestError
+from ckpt_agent.common.metrics import AgentMetrics
+from ckpt_agent.server.update_request import RolloutRef, parse_rollout
+from ckpt_agent.service.report import worker_entry
+from ckpt_agent.service.reporting import KubeReporter
 from ckpt_api.status import WorkerStatus
 from ckpt_api.vocabulary import WorkerPhase, WorkerReason
 

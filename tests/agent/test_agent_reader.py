@@ -15,16 +15,16 @@ import numpy as np
 import pytest
 from agent_testkit import Tree, corrupt_tensor, truncate_shard
 
-from ckpt_agent.errors import LoadError, Reason
-from ckpt_agent.manifest import ExtraFile, Manifest, TensorEntry, parse_manifest
-from ckpt_agent.reader import (
+from ckpt_agent.common.errors import LoadError, Reason
+from ckpt_agent.formats.manifest import ExtraFile, Manifest, TensorEntry, parse_manifest
+from ckpt_agent.formats.safetensors_format import write_file
+from ckpt_agent.pipeline.reader import (
     MAX_EXTRA_FILE_BYTES,
     LoadProgress,
     plan_runs,
     read_extra_files,
     read_runs,
 )
-from ckpt_agent.safetensors_format import write_file
 from ckpt_agent.transport import open_transport
 
 Source = Callable[[Path], Awaitable[str]]

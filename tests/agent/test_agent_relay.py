@@ -19,7 +19,7 @@ from agent_testkit import (
     static_token_agent,
 )
 
-from ckpt_agent.relay import peer as relay_peer
+from ckpt_agent.pipeline import relay_peer
 
 
 async def _peer_with(

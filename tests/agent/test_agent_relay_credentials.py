@@ -12,10 +12,10 @@ from agent_testkit import AgentFactory, Tree
 from aiohttp import web
 
 from ckpt_agent.agent import relay_credential
-from ckpt_agent.auth import AuthDecision, scoped
 from ckpt_agent.config import AgentConfig, AuthConfig
-from ckpt_agent.httpserver import AppServer
-from ckpt_agent.service import NoRelayToken
+from ckpt_agent.server.auth import AuthDecision, scoped
+from ckpt_agent.server.httpserver import AppServer
+from ckpt_agent.service.service import NoRelayToken
 
 
 @pytest.fixture

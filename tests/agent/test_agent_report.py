@@ -6,7 +6,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from ckpt_agent.report import (
+from ckpt_agent.service.report import (
     MAX_MESSAGE,
     pod_condition_patch,
     rfc3339,

@@ -10,8 +10,8 @@ from agent_testkit import AgentClient, AgentFactory, Tree
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ckpt_agent.errors import RequestError
-from ckpt_agent.update_request import parse_update_request
+from ckpt_agent.common.errors import RequestError
+from ckpt_agent.server.update_request import parse_update_request
 from ckpt_api.agent_api import UpdateWeightsRequest
 
 GOOD_ROLLOUT = {"namespace": "rl", "name": "fleet", "uid": "u", "wave": 0}

@@ -148,7 +148,7 @@ def _answer_mode(case: schemathesis.Case, respond_async: bool) -> None:
 
 
 # Negative cases need an input to break: a body or a parameter. update_weights answers in two
-# ways (ckpt_agent.control_api), each checked: asynchronous (respond-async) and synchronous.
+# ways (ckpt_agent.server.control_api), each checked: asynchronous (respond-async) and synchronous.
 _MODES: dict[str, list[bool | None]] = {"/v1/update_weights": [True, False]}
 CASES = [
     (e, mode, respond_async)

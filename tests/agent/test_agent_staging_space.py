@@ -14,7 +14,7 @@ from agent_testkit import AgentFactory, Tree
 from disk_engine_kit import StandIn, disk_agent, holds, standins
 from sglang_standin import SGLangStandIn
 
-from ckpt_agent.staging_dir import sweep_orphans
+from ckpt_agent.pipeline.staging_dir import sweep_orphans
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ from typing import Any
 
 from agent_testkit import AgentFactory, Tree
 
-from ckpt_agent.report import worker_status_patch
-from ckpt_agent.reporting import DisabledReporter
+from ckpt_agent.service.report import worker_status_patch
+from ckpt_agent.service.reporting import DisabledReporter
 from ckpt_api.status import WorkerStatus
 from ckpt_api.vocabulary import WorkerPhase, WorkerReason
 from ckpt_e2e.crdschema import schema_problems, status_schema

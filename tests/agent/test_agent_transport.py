@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from agent_testkit import Tree, truncate_shard
 
-from ckpt_agent.errors import LoadError, Reason
-from ckpt_agent.manifest import TensorEntry, parse_manifest
-from ckpt_agent.reader import LoadProgress, fetch_manifest, plan_runs, read_runs
+from ckpt_agent.common.errors import LoadError, Reason
+from ckpt_agent.formats.manifest import TensorEntry, parse_manifest
+from ckpt_agent.pipeline.reader import LoadProgress, fetch_manifest, plan_runs, read_runs
 from ckpt_agent.transport import Transport, check_uri, open_transport
 
 Source = Callable[[Path], Awaitable[str]]

@@ -1,4 +1,4 @@
-"""ckpt_agent.finite: NaN/Inf found on the raw bits of every floating dtype, at any element,
+"""ckpt_agent.pipeline.finite: NaN/Inf found on the raw bits of every floating dtype, at any element,
 and nothing else flagged (largest finite, subnormals, negative zero)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ckpt_agent.dtypes import BITS, ITEM_SIZES
-from ckpt_agent.finite import (
+from ckpt_agent.formats.dtypes import BITS, ITEM_SIZES
+from ckpt_agent.pipeline.finite import (
     BLOCK_BYTES,
     CHECKED_DTYPES,
     FiniteScan,

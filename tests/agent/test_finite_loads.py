@@ -15,10 +15,10 @@ from disk_engine_kit import disk_agent, holds, standins
 from fastdeploy_standin import FastDeployStandIn
 from sglang_standin import SGLangStandIn
 
-from ckpt_agent.dtypes import ITEM_SIZES
-from ckpt_agent.manifest import TensorEntry
-from ckpt_agent.pause_gate import LOAD
-from ckpt_agent.synth import write_reference_checkpoint
+from ckpt_agent.formats.dtypes import ITEM_SIZES
+from ckpt_agent.formats.manifest import TensorEntry
+from ckpt_agent.formats.synth import write_reference_checkpoint
+from ckpt_agent.pipeline.pause_gate import LOAD
 from ckpt_e2e.hf_checkpoint import HFCheckpoint, Tensor, llama_like, write_safetensors
 
 FINITE = {"checks": {"finite": True}}

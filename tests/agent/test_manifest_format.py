@@ -13,9 +13,9 @@ import jsonschema_rs
 import pytest
 from safetensors import safe_open
 
-from ckpt_agent.dtypes import BITS, ITEM_SIZES, PACKED, from_numpy, nbytes_of, numpy_dtype
-from ckpt_agent.errors import LoadError, Reason
-from ckpt_agent.manifest import (
+from ckpt_agent.common.errors import LoadError, Reason
+from ckpt_agent.formats.dtypes import BITS, ITEM_SIZES, PACKED, from_numpy, nbytes_of, numpy_dtype
+from ckpt_agent.formats.manifest import (
     ExtraFile,
     Manifest,
     TensorEntry,

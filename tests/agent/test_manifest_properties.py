@@ -10,8 +10,8 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from ckpt_agent.errors import LoadError
-from ckpt_agent.manifest import (
+from ckpt_agent.common.errors import LoadError
+from ckpt_agent.formats.manifest import (
     ExtraFile,
     Manifest,
     TensorEntry,

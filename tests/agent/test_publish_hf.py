@@ -25,10 +25,10 @@ import pytest
 import xxhash
 
 from ckpt_agent.cli import add_commands
-from ckpt_agent.dtypes import BITS, FRAMEWORK_NAMES
-from ckpt_agent.manifest import Manifest, parse_manifest
-from ckpt_agent.publish import PublishError, publish_version
-from ckpt_agent.safetensors_format import encode_header, read_header
+from ckpt_agent.formats.dtypes import BITS, FRAMEWORK_NAMES
+from ckpt_agent.formats.manifest import Manifest, parse_manifest
+from ckpt_agent.formats.safetensors_format import encode_header, read_header
+from ckpt_agent.source.publish import PublishError, publish_version
 from ckpt_api.manifest import render_schema
 from ckpt_e2e.hf_checkpoint import HFCheckpoint, Tensor, llama_like, write_safetensors
 

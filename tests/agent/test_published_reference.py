@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from ckpt_agent.cli import build_parser
-from ckpt_agent.errors import LoadError
-from ckpt_agent.manifest import MANIFEST_NAME, OutputReference, parse_manifest
-from ckpt_agent.synth import (
+from ckpt_agent.common.errors import LoadError
+from ckpt_agent.formats.manifest import MANIFEST_NAME, OutputReference, parse_manifest
+from ckpt_agent.formats.synth import (
     REFERENCE_ATOL,
     ReferenceModelSpec,
     expected_infer_output,

@@ -13,8 +13,13 @@ import pytest
 from safetensors import deserialize, safe_open
 from safetensors.numpy import save_file
 
-from ckpt_agent.dtypes import BITS
-from ckpt_agent.safetensors_format import encode_header, read_header, read_header_with_metadata, write_file
+from ckpt_agent.formats.dtypes import BITS
+from ckpt_agent.formats.safetensors_format import (
+    encode_header,
+    read_header,
+    read_header_with_metadata,
+    write_file,
+)
 
 
 def _tensors() -> list[tuple[str, str, tuple[int, ...], bytes]]:

@@ -1,4 +1,4 @@
-"""The smoke check's verdicts (ckpt_agent.smoke): what each engine answer passes, fails or skips,
+"""The smoke check's verdicts (ckpt_agent.pipeline.smoke): what each engine answer passes, fails or skips,
 and the message that says why; a probe too slow, or one that errors, fails."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from ckpt_agent.errors import LoadError, Reason
-from ckpt_agent.manifest import OutputReference
-from ckpt_agent.smoke import (
+from ckpt_agent.common.errors import LoadError, Reason
+from ckpt_agent.formats.manifest import OutputReference
+from ckpt_agent.pipeline.smoke import (
     Verdict,
     check_generation,
     check_outputs,

@@ -45,7 +45,7 @@ from typing import Any
 from aiohttp import web
 from engine_standin import UNINITIALISED, Generator, ModelWeights, holds_nan, iter_tensors, weight_files
 
-from ckpt_agent.httpserver import AppServer
+from ckpt_agent.server.httpserver import AppServer
 
 PAUSE_MODES = ("abort", "wait", "keep")
 _PATH = re.compile(r"(?<![\w<])/[\w.\-/]+")

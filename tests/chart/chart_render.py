@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from ckpt_rollout.chart_files import kube_version_floor
+from ckpt_rollout.chartgen.chart_files import kube_version_floor
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "ckpt-rollout"

@@ -13,7 +13,7 @@ import yaml
 from chart_render import ROOT, Helm, Obj, Rendered
 
 from ckpt_api.tls import agent_server_name, ca_context, server_context
-from ckpt_rollout.chart_values import ChartValues
+from ckpt_rollout.chartgen.chart_values import ChartValues
 
 WORKERS = "workerRbac.namespaces={team-a,team-b}"
 CA_FILE = "/var/run/secrets/ckpt-rollout/agent-ca/ca.crt"

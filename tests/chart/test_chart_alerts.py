@@ -13,7 +13,7 @@ import pytest
 import yaml
 from chart_render import Helm, Obj
 
-from ckpt_rollout.chart_values import DEFAULT_AGENT_JOB
+from ckpt_rollout.chartgen.chart_values import DEFAULT_AGENT_JOB
 
 
 @pytest.fixture(scope="session")

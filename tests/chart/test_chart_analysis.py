@@ -10,7 +10,7 @@ import pytest
 from chart_render import Helm
 from test_chart_templates import _operator
 
-from ckpt_rollout.config import add_operator_arguments, config_from_args
+from ckpt_rollout.controller.config import add_operator_arguments, config_from_args
 
 URL = "http://prometheus-operated.monitoring.svc:9090"
 

@@ -13,8 +13,13 @@ from chart_render import CHART, ROOT, Helm
 from pydantic import BaseModel
 
 from ckpt_api.crd import build_crd
-from ckpt_rollout.chart_files import STATIC_NAMESPACE, generated_files, render_static_manifest, values_schema
-from ckpt_rollout.chart_values import ChartValues
+from ckpt_rollout.chartgen.chart_files import (
+    STATIC_NAMESPACE,
+    generated_files,
+    render_static_manifest,
+    values_schema,
+)
+from ckpt_rollout.chartgen.chart_values import ChartValues
 
 STATIC_MANIFEST = ROOT / "examples" / "kubectl" / "operator.yaml"
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from chart_render import CHART, ROOT, Helm, Obj
 
-from ckpt_rollout.chart_values import DEFAULT_AGENT_JOB
+from ckpt_rollout.chartgen.chart_values import DEFAULT_AGENT_JOB
 
 EXAMPLES = ROOT / "examples"
 DASHBOARD = CHART / "dashboards" / "ckpt-rollout.json"

@@ -6,7 +6,7 @@ import pytest
 from chart_render import Helm, Obj
 from pydantic import ValidationError
 
-from ckpt_rollout.chart_values import ChartValues
+from ckpt_rollout.chartgen.chart_values import ChartValues
 
 # (id, --set arguments or a values dict, fragment of helm's error)
 BAD_VALUES: list[tuple[str, list[str] | Obj, str]] = [

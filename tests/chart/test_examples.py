@@ -12,8 +12,8 @@ from chart_render import CHART, ROOT, Helm, Obj
 from ckpt_api.constants import DEFAULT_AGENT_METRICS_PORT, DEFAULT_AGENT_PORT, agent_audience
 from ckpt_api.spec import CheckpointRolloutSpec
 from ckpt_api.vocabulary import WEIGHTS_READY_CONDITION
-from ckpt_rollout.chart_files import STATIC_NAMESPACE, STATIC_RELEASE
-from ckpt_rollout.chart_values import ChartValues
+from ckpt_rollout.chartgen.chart_files import STATIC_NAMESPACE, STATIC_RELEASE
+from ckpt_rollout.chartgen.chart_values import ChartValues
 
 EXAMPLES = ROOT / "examples"
 

@@ -25,9 +25,9 @@ from ckpt_api.vocabulary import (
     EventReason,
     Phase,
 )
-from ckpt_rollout.machine import State
-from ckpt_rollout.plan import Plan, Rollout
-from ckpt_rollout.world import Memory, QueryAnswer, rfc3339
+from ckpt_rollout.domain.machine import State
+from ckpt_rollout.domain.plan import Plan, Rollout
+from ckpt_rollout.domain.world import Memory, QueryAnswer, rfc3339
 
 PROM = "http://prometheus.monitoring:9090"
 QUERY = 'sum(rate(errors_total{namespace="{{namespace}}", rollout="{{rollout}}", version="{{version}}"}[1m]))'

@@ -14,12 +14,12 @@ from ckpt_api.spec import CheckpointRolloutSpec
 from ckpt_api.status import CheckpointRolloutStatus
 from ckpt_api.vocabulary import ConditionType, EventReason, Phase, WaveKind, WavePhase
 from ckpt_e2e.testdata import valid_spec, valid_spec_defaults
-from ckpt_rollout import machine
-from ckpt_rollout.machine import State, classify, decide
-from ckpt_rollout.mergepatch import apply_merge_patch
-from ckpt_rollout.plan import Draft, Meta, Plan, Rollout
-from ckpt_rollout.planning import rollout_order
-from ckpt_rollout.world import Memory, Now, Peer, Pod, Tuning, rfc3339
+from ckpt_rollout.domain import machine
+from ckpt_rollout.domain.machine import State, classify, decide
+from ckpt_rollout.domain.mergepatch import apply_merge_patch
+from ckpt_rollout.domain.plan import Draft, Meta, Plan, Rollout
+from ckpt_rollout.domain.planning import rollout_order
+from ckpt_rollout.domain.world import Memory, Now, Peer, Pod, Tuning, rfc3339
 
 NOW = Now(wall=1_800_000_000.0, mono=10_000.0)
 STAMP = NOW.stamp

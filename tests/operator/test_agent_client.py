@@ -19,9 +19,9 @@ from ckpt_api.agent_api import (
     SourceRef,
     UpdateWeightsRequest,
 )
-from ckpt_rollout.agent_client import AgentClient
-from ckpt_rollout.agent_tokens import AgentTokenUnavailable, NoToken, TokenFile
-from ckpt_rollout.world import agent_url
+from ckpt_rollout.domain.world import agent_url
+from ckpt_rollout.io.agent_client import AgentClient
+from ckpt_rollout.io.agent_tokens import AgentTokenUnavailable, NoToken, TokenFile
 
 DIGEST = "sha256:" + "ab" * 32
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ckpt_rollout.cli import build_parser
-from ckpt_rollout.config import OperatorConfig, config_from_args
+from ckpt_rollout.controller.config import OperatorConfig, config_from_args
 
 
 def _config(*argv: str) -> OperatorConfig:

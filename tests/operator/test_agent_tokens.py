@@ -1,5 +1,5 @@
 """When the operator renews the agents' token of a namespace, and what it accepts as the
-ServiceAccount it mints them for (ckpt_rollout.agent_tokens)."""
+ServiceAccount it mints them for (ckpt_rollout.io.agent_tokens)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from ckpt_api.constants import agent_audience
-from ckpt_rollout.agent_tokens import Lifetime, granted_seconds, lifetime, parse_service_account
+from ckpt_rollout.io.agent_tokens import Lifetime, granted_seconds, lifetime, parse_service_account
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 

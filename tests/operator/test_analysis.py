@@ -13,10 +13,10 @@ import pytest
 from pydantic import ValidationError
 
 from ckpt_api.spec import Analysis
-from ckpt_rollout.analysis import judge, parse_condition, parse_reply, render
-from ckpt_rollout.plan import Measurement
-from ckpt_rollout.promquery import measure
-from ckpt_rollout.world import QueryAnswer
+from ckpt_rollout.domain.analysis import judge, parse_condition, parse_reply, render
+from ckpt_rollout.domain.plan import Measurement
+from ckpt_rollout.domain.world import QueryAnswer
+from ckpt_rollout.io.promquery import measure
 
 
 def vector(*values: str) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The pure parts of `ckpt-rollout release` (ckpt_rollout.release): where a CR takes its version
+"""The pure parts of `ckpt-rollout release` (ckpt_rollout.tools.release): where a CR takes its version
 from, where to publish for its source, the patch, what a status says about the released
 version, and the summary line; plus the command's refusals that need no cluster."""
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from ckpt_rollout.client import ReleaseFailed
-from ckpt_rollout.release import (
+from ckpt_rollout.tools.client import ReleaseFailed
+from ckpt_rollout.tools.release import (
     ConfigMapKey,
     Outcome,
     SpecVersion,

@@ -3,7 +3,7 @@
 import pytest
 
 from ckpt_api.vocabulary import ConditionType, Phase
-from ckpt_rollout.conditions import Verdict, evaluate_conditions, set_condition
+from ckpt_rollout.domain.conditions import Verdict, evaluate_conditions, set_condition
 
 
 def _status(conditions: list[dict[str, object]]) -> dict[object, object]:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from ckpt_rollout.dashboard import allowed_hosts, board_view
+from ckpt_rollout.tools.dashboard import allowed_hosts, board_view
 
 
 @pytest.mark.parametrize(

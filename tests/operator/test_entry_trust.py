@@ -10,9 +10,9 @@ import pytest
 from test_executor import Agents, Api, _rollout
 
 from ckpt_api.status import CheckpointRolloutStatus
-from ckpt_rollout.entry_trust import trusted_status, untrusted_entries
-from ckpt_rollout.executor import Reconciler
-from ckpt_rollout.world import Memory, Pod, Tuning
+from ckpt_rollout.controller.executor import Reconciler
+from ckpt_rollout.domain.entry_trust import trusted_status, untrusted_entries
+from ckpt_rollout.domain.world import Memory, Pod, Tuning
 
 UPDATED = {"version": "v2", "phase": "Updated", "reason": "Loaded"}
 

@@ -11,10 +11,10 @@ import pytest
 from ckpt_api.agent_api import AgentStatus, UpdateWeightsRequest
 from ckpt_api.vocabulary import AgentState, WorkerPhase
 from ckpt_e2e.testdata import valid_spec, valid_spec_defaults
-from ckpt_rollout.agent_client import CallResult
-from ckpt_rollout.executor import Reconciler
-from ckpt_rollout.mergepatch import apply_merge_patch
-from ckpt_rollout.world import Memory, Pod, Tuning
+from ckpt_rollout.controller.executor import Reconciler
+from ckpt_rollout.domain.mergepatch import apply_merge_patch
+from ckpt_rollout.domain.world import Memory, Pod, Tuning
+from ckpt_rollout.io.agent_client import CallResult
 
 
 class Api:

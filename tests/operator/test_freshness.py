@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from ckpt_rollout.freshness import freshest, resource_version
+from ckpt_rollout.domain.freshness import freshest, resource_version
 
 
 def obj(rv: str | None, tag: str) -> dict[str, Any]:

@@ -12,9 +12,9 @@ from machine_kit import CANARY, NOW, PODS, REST, TUNING, done, progressing, roll
 from ckpt_api.agent_api import HealthCheckRequest
 from ckpt_api.spec import DEFAULT_HEALTH_CHECK_PROMPT
 from ckpt_api.vocabulary import ABORT_ANNOTATION
-from ckpt_rollout.machine import decide
-from ckpt_rollout.plan import Rollout
-from ckpt_rollout.world import Memory
+from ckpt_rollout.domain.machine import decide
+from ckpt_rollout.domain.plan import Rollout
+from ckpt_rollout.domain.world import Memory
 
 DEFAULT = HealthCheckRequest(prompt=DEFAULT_HEALTH_CHECK_PROMPT, max_tokens=8, timeout_seconds=30)
 CANARY_DUE = progressing(wave(0, [CANARY], called=[]))

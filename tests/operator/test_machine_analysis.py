@@ -53,8 +53,8 @@ from ckpt_api.vocabulary import (
     WaveKind,
     WavePhase,
 )
-from ckpt_rollout.machine import State
-from ckpt_rollout.world import Tuning
+from ckpt_rollout.domain.machine import State
+from ckpt_rollout.domain.world import Tuning
 
 CASES = [
     Case(

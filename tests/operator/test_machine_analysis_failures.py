@@ -41,8 +41,8 @@ from ckpt_api.vocabulary import (
     RolloutReason,
     WavePhase,
 )
-from ckpt_rollout.machine import State
-from ckpt_rollout.world import QueryAnswer
+from ckpt_rollout.domain.machine import State
+from ckpt_rollout.domain.world import QueryAnswer
 
 LONG_ERROR = QueryAnswer(error="bad_data: " + "x" * 2000)
 

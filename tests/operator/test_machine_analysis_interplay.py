@@ -40,7 +40,7 @@ from ckpt_api.vocabulary import (
     Phase,
     WavePhase,
 )
-from ckpt_rollout.machine import State
+from ckpt_rollout.domain.machine import State
 
 CASES = [
     Case(

@@ -20,9 +20,9 @@ from machine_kit import (
 )
 
 from ckpt_api.vocabulary import EventReason, Phase
-from ckpt_rollout.machine import State
-from ckpt_rollout.plan import Plan
-from ckpt_rollout.world import Memory
+from ckpt_rollout.domain.machine import State
+from ckpt_rollout.domain.plan import Plan
+from ckpt_rollout.domain.world import Memory
 
 FINITE = {"checks": {"finite": True}}
 

@@ -38,10 +38,10 @@ from ckpt_api.vocabulary import (
     WorkerPhase,
     WorkerReason,
 )
-from ckpt_rollout.drive import failure_entry
-from ckpt_rollout.machine import State, deadline_remaining, decide
-from ckpt_rollout.plan import Draft
-from ckpt_rollout.world import Memory, Tuning, rfc3339
+from ckpt_rollout.domain.drive import failure_entry
+from ckpt_rollout.domain.machine import State, deadline_remaining, decide
+from ckpt_rollout.domain.plan import Draft
+from ckpt_rollout.domain.world import Memory, Tuning, rfc3339
 
 CASES = [
     Case(

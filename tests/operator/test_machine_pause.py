@@ -30,9 +30,9 @@ from ckpt_api.vocabulary import (
     RolloutReason,
     WavePhase,
 )
-from ckpt_rollout.machine import State
-from ckpt_rollout.plan import Rollout
-from ckpt_rollout.world import rfc3339
+from ckpt_rollout.domain.machine import State
+from ckpt_rollout.domain.plan import Rollout
+from ckpt_rollout.domain.world import rfc3339
 
 
 def v3_after_its_canary(promote: str, *, at_start: str | None, **status: object) -> Rollout:

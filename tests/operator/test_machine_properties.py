@@ -20,12 +20,12 @@ from ckpt_api.spec import CheckpointRolloutSpec
 from ckpt_api.status import CheckpointRolloutStatus, WorkerStatus
 from ckpt_api.vocabulary import TERMINAL_PHASES, AgentState, WorkerPhase, WorkerReason
 from ckpt_e2e.testdata import valid_spec, valid_spec_defaults
-from ckpt_rollout.agent_client import CallResult
-from ckpt_rollout.executor import record_call, record_pull, remember
-from ckpt_rollout.machine import decide
-from ckpt_rollout.mergepatch import apply_merge_patch, merge_diff
-from ckpt_rollout.plan import Call, Meta, Rollout
-from ckpt_rollout.world import Memory, Now, Pod, Tuning
+from ckpt_rollout.controller.executor import record_call, record_pull, remember
+from ckpt_rollout.domain.machine import decide
+from ckpt_rollout.domain.mergepatch import apply_merge_patch, merge_diff
+from ckpt_rollout.domain.plan import Call, Meta, Rollout
+from ckpt_rollout.domain.world import Memory, Now, Pod, Tuning
+from ckpt_rollout.io.agent_client import CallResult
 
 # -- merge patches -----------------------------------------------------------------------------
 

@@ -29,8 +29,8 @@ from ckpt_api.vocabulary import (
     RolloutReason,
     WavePhase,
 )
-from ckpt_rollout.machine import State
-from ckpt_rollout.world import Memory, rfc3339
+from ckpt_rollout.domain.machine import State
+from ckpt_rollout.domain.world import Memory, rfc3339
 
 CASES = [
     Case(

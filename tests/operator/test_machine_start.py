@@ -38,8 +38,8 @@ from ckpt_api.vocabulary import (
     WaveKind,
     WavePhase,
 )
-from ckpt_rollout.machine import State, decide
-from ckpt_rollout.world import Memory, Peer
+from ckpt_rollout.domain.machine import State, decide
+from ckpt_rollout.domain.world import Memory, Peer
 
 CASES = [
     Case(

@@ -24,9 +24,9 @@ from ckpt_api.vocabulary import (
     WorkerReason,
     WorkerResult,
 )
-from ckpt_rollout.machine import decide
-from ckpt_rollout.plan import Measure
-from ckpt_rollout.views import counted
+from ckpt_rollout.domain.machine import decide
+from ckpt_rollout.domain.plan import Measure
+from ckpt_rollout.domain.wording import counted
 
 CASES_BY_ID = {c.id: c for c in (*START_CASES, *WAVE_CASES, *PAUSE_CASES, *FAILURE_CASES, *ROLLBACK_CASES)}
 N, W = EventType.NORMAL, EventType.WARNING

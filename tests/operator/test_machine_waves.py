@@ -48,10 +48,10 @@ from ckpt_api.vocabulary import (
     WavePhase,
     WorkerPhase,
 )
-from ckpt_rollout.machine import State, decide
-from ckpt_rollout.mergepatch import merge_diff
-from ckpt_rollout.plan import Draft, Rollout
-from ckpt_rollout.world import Memory, Tuning
+from ckpt_rollout.domain.machine import State, decide
+from ckpt_rollout.domain.mergepatch import merge_diff
+from ckpt_rollout.domain.plan import Draft, Rollout
+from ckpt_rollout.domain.world import Memory, Tuning
 
 
 def succeeded(late: dict[str, Any]) -> Rollout:

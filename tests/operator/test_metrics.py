@@ -9,8 +9,8 @@ from prometheus_client import REGISTRY
 
 from ckpt_api.spec import CheckpointRolloutSpec
 from ckpt_api.status import CheckpointRolloutStatus
-from ckpt_rollout import metrics
-from ckpt_rollout.world import parse_time
+from ckpt_rollout.domain.world import parse_time
+from ckpt_rollout.io import metrics
 
 STARTED = "2026-03-01T10:00:00Z"
 T0 = parse_time(STARTED)

@@ -6,8 +6,8 @@ import pytest
 
 from ckpt_api.agent_api import AgentStatus
 from ckpt_api.status import WorkerStatus
-from ckpt_rollout.mergepatch import apply_merge_patch, merge_diff
-from ckpt_rollout.outcomes import Outcome, pulled_outcome, reported_outcome
+from ckpt_rollout.domain.mergepatch import apply_merge_patch, merge_diff
+from ckpt_rollout.domain.outcomes import Outcome, pulled_outcome, reported_outcome
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ckpt_api.status import WorkerStatus
-from ckpt_rollout.outcomes import transfer_split
+from ckpt_rollout.domain.outcomes import transfer_split
 
 
 def _entry(nbytes: int | None, from_peers: int | None) -> WorkerStatus:

@@ -21,12 +21,12 @@ from test_executor import Agents, Api, _rollout
 
 from ckpt_api.agent_api import AgentStatus
 from ckpt_api.vocabulary import AgentState, EventReason, Phase
-from ckpt_rollout.agent_client import CallResult
-from ckpt_rollout.executor import Reconciler
-from ckpt_rollout.machine import State
-from ckpt_rollout.pinning import learned_digests, pin_for, unpinned_note
-from ckpt_rollout.plan import Plan
-from ckpt_rollout.world import Memory, Tuning
+from ckpt_rollout.controller.executor import Reconciler
+from ckpt_rollout.domain.machine import State
+from ckpt_rollout.domain.pinning import learned_digests, pin_for, unpinned_note
+from ckpt_rollout.domain.plan import Plan
+from ckpt_rollout.domain.world import Memory, Tuning
+from ckpt_rollout.io.agent_client import CallResult
 
 D1 = "sha256:" + "1" * 64
 D2 = "sha256:" + "2" * 64

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ckpt_rollout.planning import (
+from ckpt_rollout.domain.planning import (
     cumulative_targets,
     failure_budget,
     plan_wave,

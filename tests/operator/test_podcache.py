@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from ckpt_rollout.podcache import PodCache, running_pod
+from ckpt_rollout.io.podcache import PodCache, running_pod
 
 
 def _pod(name: str, ip: str | None = "127.1.0.1", phase: str = "Running", **meta: Any) -> dict[str, Any]:

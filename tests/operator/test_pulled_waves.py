@@ -8,10 +8,10 @@ from typing import Any
 
 from ckpt_api.agent_api import AgentStatus, LastError, UpdateWeightsRequest
 from ckpt_e2e.testdata import valid_spec, valid_spec_defaults
-from ckpt_rollout.agent_client import CallResult
-from ckpt_rollout.executor import Reconciler
-from ckpt_rollout.mergepatch import apply_merge_patch
-from ckpt_rollout.world import Memory, Pod, Tuning
+from ckpt_rollout.controller.executor import Reconciler
+from ckpt_rollout.domain.mergepatch import apply_merge_patch
+from ckpt_rollout.domain.world import Memory, Pod, Tuning
+from ckpt_rollout.io.agent_client import CallResult
 
 TARGET = "v2"
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from ckpt_rollout import runner
 from ckpt_rollout.cli import build_parser
-from ckpt_rollout.config import config_from_args
+from ckpt_rollout.controller import runner
+from ckpt_rollout.controller.config import config_from_args
 
 
 def test_kopf_is_given_an_identity(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ckpt_api.spec import LabelSelector
-from ckpt_rollout.selectors import selector_matches, selectors_overlap
+from ckpt_rollout.domain.selectors import selector_matches, selectors_overlap
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""What holds a rollout before the machine sees it (ckpt_rollout.spec_gates): an invalid spec, a
+"""What holds a rollout before the machine sees it (ckpt_rollout.domain.spec_gates): an invalid spec, a
 source the policy refuses, a versionFrom naming no version; and the conditions once it clears."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from ckpt_api.source_policy import SourcePolicy
 from ckpt_api.status import CheckpointRolloutStatus
 from ckpt_api.vocabulary import Phase, RolloutReason
-from ckpt_rollout.spec_gates import Held, Passed, gate, recovered_status, stalled_on, stalled_status
-from ckpt_rollout.version_source import ConfigMapState
+from ckpt_rollout.domain.spec_gates import Held, Passed, gate, recovered_status, stalled_on, stalled_status
+from ckpt_rollout.domain.version_source import ConfigMapState
 
 SPEC: dict[str, Any] = {
     "version": "v2",

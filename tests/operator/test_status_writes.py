@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from pydantic import ConfigDict
 
-from ckpt_agent.report import rfc3339, worker_entry, worker_status_patch
+from ckpt_agent.service.report import rfc3339, worker_entry, worker_status_patch
 from ckpt_api.agent_api import AgentStatus, LastError, UpdateWeightsRequest
 from ckpt_api.status import CheckpointRolloutStatus
 from ckpt_api.vocabulary import (
@@ -29,10 +29,10 @@ from ckpt_api.vocabulary import (
 )
 from ckpt_e2e.crdschema import schema_problems, status_schema
 from ckpt_e2e.testdata import valid_spec, valid_spec_defaults
-from ckpt_rollout.agent_client import CallResult
-from ckpt_rollout.executor import Reconciler
-from ckpt_rollout.mergepatch import apply_merge_patch
-from ckpt_rollout.world import Memory, Peer, Pod, Tuning
+from ckpt_rollout.controller.executor import Reconciler
+from ckpt_rollout.domain.mergepatch import apply_merge_patch
+from ckpt_rollout.domain.world import Memory, Peer, Pod, Tuning
+from ckpt_rollout.io.agent_client import CallResult
 
 SCHEMA = status_schema()
 
@@ -95,7 +95,7 @@ class FakeApi:
 
 
 class FakeAgents:
-    """Agents that push their entries with the agent's own builder (ckpt_agent.report), or
+    """Agents that push their entries with the agent's own builder (ckpt_agent.service.report), or
     answer /v1/status when the operator pulls; some fail, some are unreachable, some never
     finish."""
 

@@ -10,8 +10,8 @@ from pydantic import ValidationError
 from ckpt_api.spec import CheckpointRolloutSpec, ConfigMapKeyRef, DeclaredRolloutSpec
 from ckpt_api.status import CheckpointRolloutStatus
 from ckpt_api.vocabulary import Phase, RolloutReason
-from ckpt_rollout.spec_gates import Held, recovered_status, stalled_status
-from ckpt_rollout.version_source import (
+from ckpt_rollout.domain.spec_gates import Held, recovered_status, stalled_status
+from ckpt_rollout.domain.version_source import (
     ConfigMapState,
     SourceInvalid,
     resolve_version,

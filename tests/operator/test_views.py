@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from ckpt_rollout.views import progress_line, status_table, watch_exit_code
+from ckpt_rollout.tools.views import progress_line, status_table, watch_exit_code
 
 
 def _obj(phase: str | None, target: str = "v2", updated: int = 3, replicas: int = 5) -> dict[str, Any]:

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from ckpt_rollout.actions import refusal
-from ckpt_rollout.views import analysis_cell, status_table
-from ckpt_rollout.watchtable import change_lines, render_table, rollout_view
+from ckpt_rollout.tools.actions import refusal
+from ckpt_rollout.tools.views import analysis_cell, status_table
+from ckpt_rollout.tools.watchtable import change_lines, render_table, rollout_view
 
 ANALYSIS_SPEC = {"intervalSeconds": 10, "durationSeconds": 60, "queries": []}
 RUNNING = {

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ckpt_rollout.views import desired_version, progress_line, status_table, watch_exit_code
-from ckpt_rollout.watchtable import rollout_view
+from ckpt_rollout.tools.views import desired_version, progress_line, status_table, watch_exit_code
+from ckpt_rollout.tools.watchtable import rollout_view
 
 FROM = {"configMapKeyRef": {"name": "trainer", "key": "version"}}
 

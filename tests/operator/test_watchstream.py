@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from ckpt_rollout.watchstream import list_body, watch_events
+from ckpt_rollout.io.watchstream import list_body, watch_events
 
 
 @dataclass

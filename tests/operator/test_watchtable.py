@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from ckpt_rollout.views import human_bytes
-from ckpt_rollout.watchtable import change_lines, render_table, rollout_view
+from ckpt_rollout.tools.views import human_bytes
+from ckpt_rollout.tools.watchtable import change_lines, render_table, rollout_view
 
 
 def _obj(

@@ -8,23 +8,23 @@ from typing import Any
 
 from aiohttp import web
 
-from ckpt_agent.app import create_app, create_metrics_app
-from ckpt_agent.auth import (
+from ckpt_agent.common.metrics import AgentMetrics
+from ckpt_agent.config import DEFAULT_ENGINE_URLS, DISK_ENGINES, AgentConfig, read_secret_file
+from ckpt_agent.engines.base import Engine
+from ckpt_agent.pipeline.relay_export import RelayExporter
+from ckpt_agent.pipeline.relay_peer import PeerTLS
+from ckpt_agent.server.app import create_app, create_metrics_app
+from ckpt_agent.server.auth import (
     AccessReviewTarget,
     Authenticator,
     StaticTokenAuthenticator,
     TokenReviewAuthenticator,
 )
-from ckpt_agent.config import DEFAULT_ENGINE_URLS, DISK_ENGINES, AgentConfig, read_secret_file
-from ckpt_agent.engines.base import Engine
-from ckpt_agent.httpserver import AppServer
-from ckpt_agent.kube import kube_config_available, new_api_client
-from ckpt_agent.metrics import AgentMetrics
-from ckpt_agent.mooncake.runtime import UNSPECIFIED_HOSTS
-from ckpt_agent.relay.export import RelayExporter
-from ckpt_agent.relay.peer import PeerTLS
-from ckpt_agent.reporting import DisabledReporter, KubeReporter, StatusReporter
-from ckpt_agent.service import AgentService, NoRelayToken, RelayCredential
+from ckpt_agent.server.httpserver import AppServer
+from ckpt_agent.server.kube import kube_config_available, new_api_client
+from ckpt_agent.service.reporting import DisabledReporter, KubeReporter, StatusReporter
+from ckpt_agent.service.service import AgentService, NoRelayToken, RelayCredential
+from ckpt_agent.transport.mooncake.runtime import UNSPECIFIED_HOSTS
 from ckpt_api.tls import ReloadingContext, agent_server_name, ca_context, listening_context
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ def never_relays(config: AgentConfig) -> str | None:
 
 
 def _relay_exporter(config: AgentConfig) -> RelayExporter | None:
-    from ckpt_agent.mooncake import runtime
+    from ckpt_agent.transport.mooncake import runtime
 
     # Mooncake engines (created on first use: reading a mooncake:// source, or relaying) name
     # themselves by the address this agent serves on (the pod IP): peers connect back to it.

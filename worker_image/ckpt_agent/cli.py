@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ckpt_agent.logformat import FORMATS, setup_logging
+from ckpt_agent.common.logformat import FORMATS, setup_logging
 from ckpt_api.constants import DEFAULT_AGENT_METRICS_PORT, DEFAULT_AGENT_PORT
 
 SubParsers = Any  # argparse._SubParsersAction is private; this is what add_parser is called on
@@ -42,8 +42,8 @@ def _add_logging_arguments(p: argparse.ArgumentParser) -> None:
 def _publish(args: argparse.Namespace) -> int:
     import json
 
-    from ckpt_agent.publish import PublishError, publish_version, read_reference
-    from ckpt_agent.publish.progress import Bar, Lines, Reporter
+    from ckpt_agent.source.publish import PublishError, publish_version, read_reference
+    from ckpt_agent.source.publish.progress import Bar, Lines, Reporter
 
     try:
         reference = None if args.reference is None else read_reference(Path(args.reference))
@@ -76,8 +76,8 @@ def _publish(args: argparse.Namespace) -> int:
 
 # -- serve -----------------------------------------------------------------------------------------
 def _serve(args: argparse.Namespace) -> int:
-    from ckpt_agent.httpserver import AppServer, serve_until_signalled
-    from ckpt_agent.serve import create_source_app
+    from ckpt_agent.server.httpserver import AppServer, serve_until_signalled
+    from ckpt_agent.source.serve import create_source_app
 
     announce = _setup_logging(args)
     root = Path(args.root)
@@ -86,9 +86,9 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     exports = None
     if args.mooncake:
-        from ckpt_agent.manifest import DEFAULT_MAX_MANIFEST_BYTES
-        from ckpt_agent.mooncake import runtime
-        from ckpt_agent.mooncake.export import directory_exports
+        from ckpt_agent.formats.manifest import DEFAULT_MAX_MANIFEST_BYTES
+        from ckpt_agent.transport.mooncake import runtime
+        from ckpt_agent.transport.mooncake.export import directory_exports
 
         hostname = args.mooncake_host or args.host
         if hostname in runtime.UNSPECIFIED_HOSTS:
@@ -112,7 +112,7 @@ def _serve(args: argparse.Namespace) -> int:
 # -- agent -----------------------------------------------------------------------------------------
 def config_from_args(args: argparse.Namespace, env: dict[str, str] | None = None) -> Any:
     from ckpt_agent.config import AgentConfig, AuthConfig, TLSConfig, default_host
-    from ckpt_agent.synth import ReferenceModelSpec
+    from ckpt_agent.formats.synth import ReferenceModelSpec
 
     environ = dict(os.environ) if env is None else env
     usernames = tuple(u.strip() for u in (args.allowed_usernames or "").split(",") if u.strip())
@@ -184,7 +184,7 @@ def _or_default(value: float | None, name: str) -> float:
 
 async def _agent_main(config: Any, announce: Callable[[str], None] | None) -> None:
     from ckpt_agent.agent import build_agent
-    from ckpt_agent.httpserver import serve_until_signalled
+    from ckpt_agent.server.httpserver import serve_until_signalled
 
     agent = await build_agent(config)
     try:

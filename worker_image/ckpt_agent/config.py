@@ -8,14 +8,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ckpt_agent.control_api import DEFAULT_SYNC_TIMEOUT_S
 from ckpt_agent.engines.fastdeploy import DEFAULT_UPDATE_TIMEOUT_S
 from ckpt_agent.engines.sglang import DEFAULT_PAUSE_MODE as SGLANG_DEFAULT_PAUSE_MODE
 from ckpt_agent.engines.sglang import PAUSE_MODES as SGLANG_PAUSE_MODES
-from ckpt_agent.loader import ApplyMode
-from ckpt_agent.manifest import DEFAULT_MAX_MANIFEST_BYTES
-from ckpt_agent.reader import DEFAULT_CHUNK_BYTES
-from ckpt_agent.synth import ReferenceModelSpec
+from ckpt_agent.formats.manifest import DEFAULT_MAX_MANIFEST_BYTES
+from ckpt_agent.formats.synth import ReferenceModelSpec
+from ckpt_agent.pipeline.loader import ApplyMode
+from ckpt_agent.pipeline.reader import DEFAULT_CHUNK_BYTES
+from ckpt_agent.server.control_api import DEFAULT_SYNC_TIMEOUT_S
 from ckpt_api.constants import DEFAULT_AGENT_METRICS_PORT, DEFAULT_AGENT_PORT
 from ckpt_api.source_policy import SourcePolicy
 

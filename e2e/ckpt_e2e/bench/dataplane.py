@@ -35,15 +35,15 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from ckpt_agent.compat import ParamSpec
 from ckpt_agent.engines.base import LoadJob
-from ckpt_agent.finite import FiniteScan
-from ckpt_agent.loader import ApplyFn, InProcessLoader
-from ckpt_agent.manifest import MANIFEST_NAME, TensorEntry, parse_manifest
-from ckpt_agent.pause_gate import PauseGate
-from ckpt_agent.publish import publish_version
-from ckpt_agent.reader import LoadProgress
-from ckpt_agent.safetensors_format import write_file
+from ckpt_agent.formats.manifest import MANIFEST_NAME, TensorEntry, parse_manifest
+from ckpt_agent.formats.safetensors_format import write_file
+from ckpt_agent.pipeline.compat import ParamSpec
+from ckpt_agent.pipeline.finite import FiniteScan
+from ckpt_agent.pipeline.loader import ApplyFn, InProcessLoader
+from ckpt_agent.pipeline.pause_gate import PauseGate
+from ckpt_agent.pipeline.reader import LoadProgress
+from ckpt_agent.source.publish import publish_version
 
 GB = 1e9
 MiB = 1 << 20
@@ -358,7 +358,7 @@ def run_dataplane(
         with source_server(root) as url:
             measure("http", url)
         try:
-            from ckpt_agent.mooncake.runtime import check_available
+            from ckpt_agent.transport.mooncake.runtime import check_available
 
             check_available()
         except RuntimeError as exc:

@@ -35,8 +35,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ckpt_agent.publish import publish
-from ckpt_agent.synth import ReferenceModelSpec, write_reference_checkpoint
+from ckpt_agent.formats.synth import ReferenceModelSpec, write_reference_checkpoint
+from ckpt_agent.source.publish import publish
 from ckpt_e2e.bench.fleet_ctl import SINK_READY
 from ckpt_e2e.bench.fleet_plan import WaveMode
 from ckpt_e2e.bench.netns import NetnsError, Topology, missing_prerequisites, sweep_stale

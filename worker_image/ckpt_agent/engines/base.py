@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from ckpt_agent.formats.manifest import OutputReference
+
 # Re-exported: part of this interface, defined below the engines because the load pipeline
 # takes and returns them too.
-from ckpt_agent.load_job import LiveWeights as LiveWeights
-from ckpt_agent.load_job import LoadJob as LoadJob
-from ckpt_agent.load_job import LoadOutcome as LoadOutcome
-from ckpt_agent.manifest import OutputReference
-from ckpt_agent.pause_gate import EngineControl, PauseGate
-from ckpt_agent.reader import LoadProgress
-from ckpt_agent.smoke import Verdict
+from ckpt_agent.pipeline.load_job import LiveWeights as LiveWeights
+from ckpt_agent.pipeline.load_job import LoadJob as LoadJob
+from ckpt_agent.pipeline.load_job import LoadOutcome as LoadOutcome
+from ckpt_agent.pipeline.pause_gate import EngineControl, PauseGate
+from ckpt_agent.pipeline.reader import LoadProgress
+from ckpt_agent.pipeline.smoke import Verdict
 from ckpt_api.agent_api import HealthCheckRequest
 
 

@@ -29,16 +29,16 @@ from typing import Any
 
 import aiohttp
 
+from ckpt_agent.common.errors import LoadError, Reason
 from ckpt_agent.engines.base import LoadJob, LoadOutcome
-from ckpt_agent.errors import LoadError, Reason
-from ckpt_agent.manifest import DEFAULT_MAX_MANIFEST_BYTES, Manifest, OutputReference
-from ckpt_agent.pause_gate import LOAD, WEIGHTS_LOST, PauseGate
-from ckpt_agent.reader import DEFAULT_CHUNK_BYTES, LoadProgress, read_extra_files
-from ckpt_agent.relay.copy import RelayCopy
-from ckpt_agent.relay.load import open_version, pull_into
-from ckpt_agent.relay.peer import is_peer_fault
-from ckpt_agent.smoke import CALL_GRACE_S, Verdict, check_generation, completion_choice
-from ckpt_agent.staging_dir import StagedDirectory, sweep_orphans
+from ckpt_agent.formats.manifest import DEFAULT_MAX_MANIFEST_BYTES, Manifest, OutputReference
+from ckpt_agent.pipeline.pause_gate import LOAD, WEIGHTS_LOST, PauseGate
+from ckpt_agent.pipeline.pull import open_version, pull_into
+from ckpt_agent.pipeline.reader import DEFAULT_CHUNK_BYTES, LoadProgress, read_extra_files
+from ckpt_agent.pipeline.relay_copy import RelayCopy
+from ckpt_agent.pipeline.relay_peer import is_peer_fault
+from ckpt_agent.pipeline.smoke import CALL_GRACE_S, Verdict, check_generation, completion_choice
+from ckpt_agent.pipeline.staging_dir import StagedDirectory, sweep_orphans
 from ckpt_agent.transport import Transport
 from ckpt_api.agent_api import HealthCheckRequest
 

@@ -37,12 +37,12 @@ from typing import Any
 import aiohttp
 from pydantic import ValidationError
 
+from ckpt_agent.common.errors import LoadError, Reason
 from ckpt_agent.engines.base import LoadJob, LoadOutcome
-from ckpt_agent.errors import LoadError, Reason
-from ckpt_agent.manifest import DEFAULT_MAX_MANIFEST_BYTES, OutputReference
-from ckpt_agent.pause_gate import LOAD, WEIGHTS_LOST, PauseGate
-from ckpt_agent.reader import LoadProgress, fetch_manifest
-from ckpt_agent.smoke import CALL_GRACE_S, Verdict, check_generation, completion_choice, failed
+from ckpt_agent.formats.manifest import DEFAULT_MAX_MANIFEST_BYTES, OutputReference
+from ckpt_agent.pipeline.pause_gate import LOAD, WEIGHTS_LOST, PauseGate
+from ckpt_agent.pipeline.reader import LoadProgress, fetch_manifest
+from ckpt_agent.pipeline.smoke import CALL_GRACE_S, Verdict, check_generation, completion_choice, failed
 from ckpt_agent.transport import open_transport
 from ckpt_api.agent_api import HealthCheckRequest, PauseReply, PauseState, RankResult, UpdateWeightsReply
 

@@ -12,10 +12,10 @@ import asyncio
 from typing import Any
 
 from ckpt_agent.engines.base import LoadJob, LoadOutcome
-from ckpt_agent.manifest import OutputReference
-from ckpt_agent.pause_gate import LOAD, PauseGate
-from ckpt_agent.reader import LoadProgress
-from ckpt_agent.smoke import Verdict, skipped
+from ckpt_agent.formats.manifest import OutputReference
+from ckpt_agent.pipeline.pause_gate import LOAD, PauseGate
+from ckpt_agent.pipeline.reader import LoadProgress
+from ckpt_agent.pipeline.smoke import Verdict, skipped
 from ckpt_api.agent_api import HealthCheckRequest
 
 

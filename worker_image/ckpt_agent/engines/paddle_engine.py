@@ -18,7 +18,6 @@ from typing import Any
 
 import paddle
 
-from ckpt_agent.compat import ParamSpec
 from ckpt_agent.engines.base import EngineUnavailable, LoadJob, LoadOutcome
 from ckpt_agent.engines.boot_checkpoint import BootCheckpointError, boot_tensors
 from ckpt_agent.engines.paddle_tensors import (
@@ -29,13 +28,14 @@ from ckpt_agent.engines.paddle_tensors import (
     write_bytes,
 )
 from ckpt_agent.engines.reference_model import build_model
-from ckpt_agent.loader import ApplyFn, ApplyMode, InProcessLoader
-from ckpt_agent.manifest import OutputReference, TensorEntry
-from ckpt_agent.pause_gate import PauseGate
-from ckpt_agent.reader import LoadProgress
-from ckpt_agent.relay.copy import ReadTensor, RelayGone
-from ckpt_agent.smoke import Verdict, check_outputs, failed, skipped
-from ckpt_agent.synth import ReferenceModelSpec, reference_input
+from ckpt_agent.formats.manifest import OutputReference, TensorEntry
+from ckpt_agent.formats.synth import ReferenceModelSpec, reference_input
+from ckpt_agent.pipeline.compat import ParamSpec
+from ckpt_agent.pipeline.loader import ApplyFn, ApplyMode, InProcessLoader
+from ckpt_agent.pipeline.pause_gate import PauseGate
+from ckpt_agent.pipeline.reader import LoadProgress
+from ckpt_agent.pipeline.relay_copy import ReadTensor, RelayGone
+from ckpt_agent.pipeline.smoke import Verdict, check_outputs, failed, skipped
 from ckpt_api.agent_api import HealthCheckRequest
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import paddle
 
-from ckpt_agent.dtypes import FRAMEWORK_NAMES, ITEM_SIZES
+from ckpt_agent.formats.dtypes import FRAMEWORK_NAMES, ITEM_SIZES
 
 # Every dtype a framework names is a candidate; which ones this paddle really holds is found by
 # trying (`supported_dtypes`): F8_E8M0, the FNUZ float8s and F4 have no paddle dtype at all.

@@ -7,7 +7,7 @@ from typing import Any
 import paddle
 
 from ckpt_agent.engines import paddle_tensors
-from ckpt_agent.synth import ReferenceModelSpec
+from ckpt_agent.formats.synth import ReferenceModelSpec
 
 
 class ReferenceMLP(paddle.nn.Layer):  # type: ignore[misc]

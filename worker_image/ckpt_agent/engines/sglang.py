@@ -37,6 +37,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from ckpt_agent.common.errors import LoadError, Reason
 from ckpt_agent.engines.disk_staged import (
     DiskStagedEngine,
     DiskWeights,
@@ -44,8 +45,7 @@ from ckpt_agent.engines.disk_staged import (
     EngineRefused,
     reloadable_boot_path,
 )
-from ckpt_agent.errors import LoadError, Reason
-from ckpt_agent.smoke import CALL_GRACE_S
+from ckpt_agent.pipeline.smoke import CALL_GRACE_S
 from ckpt_api.agent_api import HealthCheckRequest
 
 PauseMode = Literal["abort", "retract", "in_place"]

@@ -38,6 +38,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ckpt_agent.common.errors import LoadError, Reason
 from ckpt_agent.engines.disk_staged import (
     DiskStagedEngine,
     DiskWeights,
@@ -46,7 +47,6 @@ from ckpt_agent.engines.disk_staged import (
     completion,
     reloadable_boot_path,
 )
-from ckpt_agent.errors import LoadError, Reason
 from ckpt_api.agent_api import HealthCheckRequest
 
 MIN_VERSION = (0, 16, 0)  # GPUModelRunner.reload_weights(weights_path=...)

@@ -52,8 +52,8 @@ def _file(uri: str) -> Transport:
 
 
 def _mooncake(uri: str) -> Transport:
-    from ckpt_agent.mooncake.runtime import MooncakeUnavailable
-    from ckpt_agent.transport.mooncake import MooncakeTransport
+    from ckpt_agent.transport.mooncake.client import MooncakeTransport
+    from ckpt_agent.transport.mooncake.runtime import MooncakeUnavailable
 
     try:
         return MooncakeTransport(uri, policy=SOURCE_POLICY.get())

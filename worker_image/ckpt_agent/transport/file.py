@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from ckpt_agent.errors import LoadError, Reason
-from ckpt_agent.manifest import MANIFEST_NAME
+from ckpt_agent.common.errors import LoadError, Reason
+from ckpt_agent.formats.manifest import MANIFEST_NAME
 from ckpt_agent.transport.base import ByteStream, EmptyStream
 
 

@@ -15,7 +15,7 @@ import ipaddress
 import socket
 from contextvars import ContextVar
 
-from ckpt_agent.errors import LoadError, Reason
+from ckpt_agent.common.errors import LoadError, Reason
 from ckpt_api.source_policy import SourcePolicy, SourceRefused
 
 # SourcePolicy is frozen: one shared default is safe.

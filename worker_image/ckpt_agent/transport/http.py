@@ -14,8 +14,8 @@ import socket
 import ssl
 from urllib.parse import quote, urlsplit
 
-from ckpt_agent.errors import LoadError, Reason
-from ckpt_agent.manifest import MANIFEST_NAME
+from ckpt_agent.common.errors import LoadError, Reason
+from ckpt_agent.formats.manifest import MANIFEST_NAME
 from ckpt_agent.transport.base import ByteStream, EmptyStream
 from ckpt_agent.transport.guard import guard
 from ckpt_api.source_policy import SourcePolicy

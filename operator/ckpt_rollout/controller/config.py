@@ -1,0 +1,220 @@
+"""Operator settings: command-line flags, each with an environment variable for the chart."""
+
+import argparse
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ckpt_api.constants import DEFAULT_AGENT_AUDIENCE
+from ckpt_api.source_policy import SourcePolicy, parse_rule
+from ckpt_api.spec import PROMETHEUS_ADDRESS_PATTERN
+from ckpt_api.tls import ReloadingContext, TLSFileError, ca_context
+from ckpt_rollout.domain.world import Tuning
+from ckpt_rollout.io.agent_tokens import DEFAULT_TOKEN_SECONDS, parse_service_account
+
+
+@dataclass
+class OperatorConfig:
+    namespaces: list[str] = field(default_factory=list)  # empty: all namespaces
+    liveness_host: str = "0.0.0.0"
+    liveness_port: int = 8080
+    metrics_port: int = 9090
+    # Legacy: one projected token presented to every namespace's agents.
+    agent_token_file: str | None = None
+    # Default mode: tokens of this ServiceAccount (namespace, name), minted per worker namespace
+    # for the audience ckpt_api.constants.agent_audience(namespace, agent_audience).
+    agent_token_service_account: tuple[str, str] | None = None
+    agent_token_seconds: int = DEFAULT_TOKEN_SECONDS
+    agent_audience: str = DEFAULT_AGENT_AUDIENCE
+    agent_timeout_s: float = 10.0
+    # Agents serve https with certificates from this CA, verified for their namespace's name
+    # (ckpt_api.tls.agent_server_name); plain http only when asked for by name.
+    agent_ca_file: str | None = None
+    agent_plain_http: bool = False
+    watch_server_timeout_s: int = 300
+    leader_election: bool = False
+    lease_namespace: str | None = None
+    log_format: str = "text"
+    tuning: Tuning = field(default_factory=Tuning)
+    # Sources a rollout may name (ckpt_api.source_policy); others are Stalled as InvalidSource.
+    source_policy: SourcePolicy = field(default_factory=SourcePolicy)
+
+
+def source_rules(value: str) -> list[str]:
+    """--allowed-sources: comma-separated rules, each checked here so a typo stops the start."""
+    rules = [r.strip() for r in value.split(",") if r.strip()]
+    for rule in rules:
+        try:
+            parse_rule(rule)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return rules
+
+
+def service_account(value: str) -> tuple[str, str] | None:
+    """--agent-token-serviceaccount: NAMESPACE/NAME ("": none)."""
+    if not value:
+        return None
+    try:
+        return parse_service_account(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def token_seconds(value: str) -> int:
+    """--agent-token-seconds: what a TokenRequest may ask for (the apiserver's minimum is 600)."""
+    seconds = int(value)
+    if not 600 <= seconds <= 86400:
+        raise argparse.ArgumentTypeError(f"{seconds} is not between 600 and 86400 seconds")
+    return seconds
+
+
+def prometheus_url(value: str) -> str | None:
+    """--prometheus-url: what spec.strategy.analysis.prometheusAddress accepts ("": none)."""
+    if not value:
+        return None
+    if not re.fullmatch(PROMETHEUS_ADDRESS_PATTERN, value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not an http(s)://host[:port][/path] URL")
+    return value
+
+
+def add_operator_arguments(parser: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        dest="namespaces",
+        default=None,
+        help="watch only this namespace (repeatable); env CKPT_NAMESPACES (comma list)",
+    )
+    scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace (default)")
+    parser.add_argument("--liveness-host", default=env("CKPT_LIVENESS_HOST", "0.0.0.0"))
+    parser.add_argument("--liveness-port", type=int, default=int(env("CKPT_LIVENESS_PORT", "8080")))
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(env("CKPT_METRICS_PORT", "9090")),
+        help="Prometheus metrics port; 0 disables",
+    )
+    tokens = parser.add_mutually_exclusive_group()
+    tokens.add_argument(
+        "--agent-token-serviceaccount",
+        type=service_account,
+        default=env("CKPT_AGENT_TOKEN_SERVICEACCOUNT", ""),
+        metavar="NAMESPACE/NAME",
+        help="mint the token presented to agents per worker namespace with TokenRequest for this "
+        "ServiceAccount (the operator's own), audience AUDIENCE/NAMESPACE: a token captured in one "
+        "namespace opens no agent in another; env CKPT_AGENT_TOKEN_SERVICEACCOUNT",
+    )
+    tokens.add_argument(
+        "--agent-token-file",
+        default=env("CKPT_AGENT_TOKEN_FILE"),
+        help="legacy: one projected token presented to the agents of every namespace",
+    )
+    parser.add_argument(
+        "--agent-token-seconds",
+        type=token_seconds,
+        default=env("CKPT_AGENT_TOKEN_SECONDS", str(DEFAULT_TOKEN_SECONDS)),
+        help="lifetime asked for each minted agent token (renewed at 80%%); env CKPT_AGENT_TOKEN_SECONDS",
+    )
+    parser.add_argument(
+        "--agent-audience",
+        default=env("CKPT_AGENT_AUDIENCE", DEFAULT_AGENT_AUDIENCE),
+        help="base of the agents' audiences (minted tokens: AUDIENCE/NAMESPACE)",
+    )
+    parser.add_argument(
+        "--agent-timeout",
+        type=float,
+        default=float(env("CKPT_AGENT_TIMEOUT", "10")),
+        help="seconds for one HTTP call to an agent",
+    )
+    tls = parser.add_mutually_exclusive_group()
+    tls.add_argument(
+        "--agent-ca-file",
+        default=env("CKPT_AGENT_CA_FILE") or None,
+        help="CA bundle agents' serving certificates chain to (https, verified for "
+        "ckpt-rollout-agent.NAMESPACE.svc; re-read when it changes); env CKPT_AGENT_CA_FILE",
+    )
+    tls.add_argument(
+        "--agent-plain-http",
+        action="store_true",
+        default=env("CKPT_AGENT_PLAIN_HTTP", "") == "true",
+        help="call agents over plain http (agents run --plain-http; local development only); "
+        "env CKPT_AGENT_PLAIN_HTTP",
+    )
+    parser.add_argument(
+        "--prometheus-url",
+        type=prometheus_url,
+        default=env("CKPT_PROMETHEUS_URL", ""),
+        help="Prometheus for spec.strategy.analysis when a CR names none; env CKPT_PROMETHEUS_URL",
+    )
+    parser.add_argument(
+        "--allowed-sources",
+        type=source_rules,
+        default=env("CKPT_ALLOWED_SOURCES", ""),
+        help="comma-separated scheme://host[:port][/path] rules a rollout's source.uri must match "
+        "(host: a name, *.domain, * or a CIDR); default any; env CKPT_ALLOWED_SOURCES",
+    )
+    parser.add_argument(
+        "--allow-link-local-sources",
+        action="store_true",
+        default=env("CKPT_ALLOW_LINK_LOCAL_SOURCES", "") == "true",
+        help="let rollouts name link-local sources (169.254.0.0/16, fe80::/10: cloud metadata)",
+    )
+    parser.add_argument(
+        "--leader-election", action="store_true", default=env("CKPT_LEADER_ELECTION", "") == "true"
+    )
+    parser.add_argument("--lease-namespace", default=env("CKPT_LEASE_NAMESPACE") or env("POD_NAMESPACE"))
+    parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default=env("CKPT_LOG_FORMAT", "text"),
+        help="json: one object per line (kopf's JSON format); env CKPT_LOG_FORMAT",
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> OperatorConfig:
+    namespaces = args.namespaces
+    if namespaces is None and not args.all_namespaces:
+        namespaces = [n for n in os.environ.get("CKPT_NAMESPACES", "").split(",") if n]
+    return OperatorConfig(
+        namespaces=namespaces or [],
+        liveness_host=args.liveness_host,
+        liveness_port=args.liveness_port,
+        metrics_port=args.metrics_port,
+        agent_token_file=args.agent_token_file,
+        agent_token_service_account=args.agent_token_serviceaccount,
+        agent_token_seconds=args.agent_token_seconds,
+        agent_audience=args.agent_audience,
+        agent_timeout_s=args.agent_timeout,
+        agent_ca_file=args.agent_ca_file,
+        agent_plain_http=args.agent_plain_http,
+        leader_election=args.leader_election,
+        lease_namespace=args.lease_namespace,
+        log_format=args.log_format,
+        tuning=Tuning(prometheus_url=args.prometheus_url, agent_tls=args.agent_ca_file is not None),
+        source_policy=SourcePolicy.parse(
+            args.allowed_sources, allow_link_local=args.allow_link_local_sources
+        ),
+    )
+
+
+def agent_ca(config: OperatorConfig) -> ReloadingContext | None:
+    """What agents' certificates must chain to (None: plain http, asked for by name). Raises
+    SystemExit saying what to pass, or why the CA file cannot be used."""
+    if config.agent_ca_file is None:
+        if not config.agent_plain_http:
+            raise SystemExit(
+                "choose --agent-ca-file (agents serve https) or --agent-plain-http (the operator "
+                "calls agents unencrypted only when told so)"
+            )
+        return None
+    if config.agent_plain_http:
+        raise SystemExit("--agent-ca-file and --agent-plain-http exclude each other")
+    try:
+        return ca_context(Path(config.agent_ca_file))
+    except TLSFileError as exc:
+        raise SystemExit(f"--agent-ca-file: {exc}") from None

@@ -1,0 +1,145 @@
+"""HTTP calls from the operator to worker agents (FastDeploy-style control API), built and read
+with the agent's own wire models (ckpt_api.agent_api)."""
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from pydantic import ValidationError
+
+from ckpt_api.agent_api import AgentStatus, ErrorBody, UpdateWeightsRequest
+from ckpt_api.tls import ReloadingContext, agent_server_name
+from ckpt_api.vocabulary import ErrorCode
+from ckpt_rollout.domain.world import agent_url
+from ckpt_rollout.io.agent_tokens import AgentTokens, AgentTokenUnavailable
+
+
+@dataclass(frozen=True)
+class CallResult:
+    """Outcome of one HTTP call. ``status`` 0 means the agent could not be reached."""
+
+    status: int
+    body: dict[str, Any]
+    error: str = ""
+    # False when no connection could be made: the request surely never reached the agent
+    # (nothing listens yet, e.g. a new pod whose agent is still starting).
+    connected: bool = True
+    # `status()` only: the parsed body of a 200.
+    agent_status: AgentStatus | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return self.status in (200, 202)
+
+    @property
+    def busy(self) -> bool:
+        return self.status == 409
+
+    @property
+    def deferred(self) -> bool:
+        """The agent could not check our credential (its apiserver is away) and did nothing."""
+        error = self.error_body() if self.status == 503 else None
+        return error is not None and error.error == ErrorCode.AUTH_UNAVAILABLE
+
+    def error_body(self) -> ErrorBody | None:
+        """The agent's error body, if the answer is one (a proxy's or a non-agent's is not)."""
+        try:
+            return ErrorBody.model_validate(self.body)
+        except ValidationError:
+            return None
+
+
+class AgentClient:
+    def __init__(
+        self,
+        tokens: AgentTokens,
+        *,
+        timeout_s: float = 10.0,
+        connect_attempts: int = 3,
+        max_connections: int = 256,
+        ca: ReloadingContext | None = None,
+    ) -> None:
+        """``ca``: agents serve https with certificates from this CA (--agent-ca-file); None:
+        plain http (--agent-plain-http)."""
+        self._ca = ca
+        self._tokens = tokens
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._attempts = connect_attempts
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+
+    async def _headers(self, namespace: str) -> dict[str, str]:
+        # The credential of the pod's own namespace: no other namespace's agents accept it.
+        token = await self._tokens.for_namespace(namespace)
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    async def _ensure(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self._max_connections)
+            self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def _call(
+        self, method: str, url: str, payload: dict[str, Any] | None, namespace: str
+    ) -> CallResult:
+        try:
+            headers = await self._headers(namespace)
+        except AgentTokenUnavailable as exc:
+            # Nothing was sent: like an agent not listening yet, the step calls again later.
+            return CallResult(0, {}, str(exc), connected=False)
+        session = await self._ensure()
+        last_error = ""
+        # Only failures to connect are retried (bounded, with backoff): once a request may have
+        # reached the agent, its answer or its timeout is final, so no update is sent twice.
+        for attempt in range(self._attempts):
+            try:
+                async with session.request(
+                    method, url, json=payload, headers=headers, **self._tls_options(namespace)
+                ) as resp:
+                    try:
+                        body = await resp.json(content_type=None)
+                    except (ValueError, aiohttp.ContentTypeError):
+                        body = {"message": (await resp.text())[:500]}
+                    return CallResult(resp.status, body if isinstance(body, dict) else {"body": body})
+            except aiohttp.ClientConnectorCertificateError as exc:
+                # No retry: a wrong CA or a certificate for another namespace's name stays so;
+                # the worker fails at once with the reason, not after its timeout.
+                return CallResult(0, {}, f"TLS verification of the agent failed: {exc.certificate_error}")
+            except aiohttp.ClientConnectorError as exc:
+                last_error = f"cannot connect: {exc}"
+                await asyncio.sleep(0.2 * 2**attempt)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                return CallResult(0, {}, f"{type(exc).__name__}: {exc}")
+        return CallResult(0, {}, last_error or "unreachable", connected=False)
+
+    def _tls_options(self, namespace: str) -> dict[str, Any]:
+        if self._ca is None:
+            return {}
+        # The pod IP is dialled; the certificate must name the namespace's agents.
+        return {"ssl": self._ca.current(), "server_hostname": agent_server_name(namespace)}
+
+    def _url(self, ip: str, port: int, path: str) -> str:
+        return f"{agent_url(ip, port, tls=self._ca is not None)}{path}"
+
+    async def update_weights(
+        self, ip: str, port: int, request: UpdateWeightsRequest, *, namespace: str
+    ) -> CallResult:
+        """``namespace``: the pod's (its CR's), whose agents' token is presented."""
+        url = self._url(ip, port, "/v1/update_weights")
+        return await self._call("POST", url, request.to_wire(), namespace)
+
+    async def status(self, ip: str, port: int, *, namespace: str) -> CallResult:
+        result = await self._call("GET", self._url(ip, port, "/v1/status"), None, namespace)
+        if result.status != 200:
+            return result
+        try:
+            parsed = AgentStatus.model_validate(result.body)
+        except ValidationError as exc:
+            # Not an answer to go by: the same as no answer (the worker timeout decides).
+            return CallResult(0, result.body, f"invalid /v1/status body: {exc}"[:500])
+        return CallResult(result.status, result.body, agent_status=parsed)

@@ -1,0 +1,54 @@
+"""The few Kubernetes API calls the operator makes outside kopf (status reads and writes)."""
+
+from typing import Any
+
+from kubernetes_asyncio import client, config
+
+from ckpt_api.constants import GROUP, PLURAL, VERSION
+from ckpt_rollout.io.metrics import API_REQUESTS
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+async def load_api_client() -> client.ApiClient:
+    """In-cluster credentials when running in a pod, else KUBECONFIG (local runs, tests)."""
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        await config.load_kube_config()
+    return client.ApiClient()
+
+
+# One CR read or status write: a hung apiserver must not hold a rollout's loop (the loop retries).
+API_TIMEOUT_S = 15.0
+
+
+class RolloutApi:
+    """Reads and merge-patches CheckpointRollouts; counts requests for the control-plane bench."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self._api = client.CustomObjectsApi(api_client)
+        self.requests = 0
+
+    async def get(self, namespace: str, name: str) -> dict[str, Any]:
+        self.requests += 1
+        API_REQUESTS.labels("get").inc()
+        obj: dict[str, Any] = await self._api.get_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name, _request_timeout=API_TIMEOUT_S
+        )
+        return obj
+
+    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        self.requests += 1
+        API_REQUESTS.labels("patch").inc()
+        obj: dict[str, Any] = await self._api.patch_namespaced_custom_object_status(
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            name,
+            {"status": status},
+            _content_type=MERGE_PATCH,
+            _request_timeout=API_TIMEOUT_S,
+        )
+        return obj

@@ -1,0 +1,39 @@
+"""Prometheus instant queries for spec.strategy.analysis: one measurement's queries at once,
+each answer (values or why there are none) for the machine to judge. Never raises: an
+unreachable or refusing Prometheus is a failed query, which the failureLimit counts."""
+
+import asyncio
+import json
+
+import aiohttp
+
+from ckpt_rollout.domain.analysis import parse_reply
+from ckpt_rollout.domain.plan import Measurement
+from ckpt_rollout.domain.world import QueryAnswer
+
+
+async def measure(measurement: Measurement) -> tuple[QueryAnswer, ...]:
+    timeout = aiohttp.ClientTimeout(total=measurement.timeout_s)
+    # A session per measurement: one every intervalSeconds (>= 1 s), so nothing to keep open.
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        answers = await asyncio.gather(
+            *(instant_query(session, measurement.address, promql) for _, promql in measurement.queries)
+        )
+    return tuple(answers)
+
+
+async def instant_query(session: aiohttp.ClientSession, address: str, promql: str) -> QueryAnswer:
+    url = f"{address.rstrip('/')}/api/v1/query"
+    try:
+        async with session.get(url, params={"query": promql}) as resp:
+            text = await resp.text()
+            status = resp.status
+    except TimeoutError:
+        return QueryAnswer(error=f"Prometheus at {address} did not answer in time")
+    except aiohttp.ClientError as exc:
+        return QueryAnswer(error=f"Prometheus at {address} unreachable: {exc or type(exc).__name__}")
+    try:
+        body = json.loads(text)
+    except ValueError:
+        body = None
+    return parse_reply(status, body)

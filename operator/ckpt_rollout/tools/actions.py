@@ -1,0 +1,275 @@
+"""What the user commands do to a CheckpointRollout, through the user's kubeconfig: read it, watch
+it, and the five actions (pause, resume, promote, abort, retry). The CLI (commands) and the
+dashboard call the same functions, so a button does exactly what its command does. Failures are
+ActionErrors carrying the CLI's exit code; nothing here prints.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ckpt_api.constants import GROUP, PLURAL, VERSION
+from ckpt_api.vocabulary import (
+    ABORT_ANNOTATION,
+    FAILED_PHASES,
+    PROMOTE_ANNOTATION,
+    RETRY_ANNOTATION,
+    SKIP_ANALYSIS_ANNOTATION,
+    Phase,
+    WavePhase,
+)
+from ckpt_rollout.tools.views import desired_version
+
+EXIT_UNREACHABLE, EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_API_ERROR, EXIT_INTERRUPTED = 3, 4, 5, 6, 130
+
+
+class ActionError(Exception):
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Target:
+    """The kubectl-style flags every user command takes."""
+
+    kubeconfig: str | None = None
+    context: str | None = None
+    namespace: str | None = None
+
+
+def connect(target: Target) -> tuple[Any, str]:
+    """(CustomObjectsApi, namespace): the flag's namespace, else the context's, else default."""
+    from kubernetes import client, config
+
+    try:
+        config.load_kube_config(config_file=target.kubeconfig, context=target.context)
+        namespace = target.namespace
+        if namespace is None:
+            _, active = config.list_kube_config_contexts(config_file=target.kubeconfig)
+            namespace = (active or {}).get("context", {}).get("namespace") or "default"
+    except (config.ConfigException, OSError) as exc:
+        raise ActionError(f"no usable kubeconfig: {exc}", EXIT_UNREACHABLE) from None
+    return client.CustomObjectsApi(), namespace
+
+
+def request(what: str, namespace: str, name: str, call: Callable[[], Any]) -> Any:
+    """One API call, its failures as ActionErrors."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    try:
+        return call()
+    except ApiException as exc:
+        if exc.status == 404:
+            raise ActionError(f"checkpointrollout {namespace}/{name} not found", EXIT_NOT_FOUND) from None
+        raise ActionError(
+            f"{what} {namespace}/{name}: HTTP {exc.status}: {_api_message(exc)}", EXIT_API_ERROR
+        ) from None
+    except (HTTPError, OSError) as exc:
+        raise ActionError(f"cannot reach the apiserver: {_first_line(exc)}", EXIT_UNREACHABLE) from None
+
+
+def _api_message(exc: Any) -> str:
+    try:
+        return str(json.loads(exc.body).get("message") or exc.reason)
+    except (TypeError, ValueError, AttributeError):
+        return str(exc.reason)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text.splitlines()[0][:300]
+
+
+def get(api: Any, namespace: str, name: str) -> dict[str, Any]:
+    obj: dict[str, Any] = request(
+        "get",
+        namespace,
+        name,
+        lambda: api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name),
+    )
+    return obj
+
+
+def patch(api: Any, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+    obj: dict[str, Any] = request(
+        "patch",
+        namespace,
+        name,
+        lambda: api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, body),
+    )
+    return obj
+
+
+# -- watching ------------------------------------------------------------------------------------
+
+
+def watch_events(
+    api: Any, namespace: str | None, resource_version: str | None, timeout_s: int, name: str | None = None
+) -> Iterator[dict[str, Any]]:
+    """Watch events of the CheckpointRollouts in ``namespace`` (None: every namespace; ``name``:
+    that one only) from ``resource_version``, for at most ``timeout_s``. A version too old to
+    watch from comes out as one event of type GONE: the caller lists again."""
+    from kubernetes import watch
+    from kubernetes.client.exceptions import ApiException
+
+    extra: dict[str, Any] = {"field_selector": f"metadata.name={name}"} if name else {}
+    args: tuple[str, ...] = (
+        (GROUP, VERSION, PLURAL) if namespace is None else (GROUP, VERSION, namespace, PLURAL)
+    )
+    call = api.list_cluster_custom_object if namespace is None else api.list_namespaced_custom_object
+    stream = watch.Watch().stream(
+        call, *args, resource_version=resource_version, timeout_seconds=timeout_s, **extra
+    )
+    try:
+        yield from stream
+    except ApiException as exc:
+        if exc.status != 410:
+            raise
+        yield {"type": "GONE"}
+
+
+def list_rollouts(api: Any, namespace: str | None) -> dict[str, Any]:
+    """The CheckpointRollouts of ``namespace`` (None: all) as the list call returns them."""
+    what = namespace or "*"
+    if namespace is None:
+        listed: dict[str, Any] = request(
+            "list", what, "*", lambda: api.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+        )
+    else:
+        listed = request(
+            "list", what, "*", lambda: api.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+        )
+    return listed
+
+
+def next_change(
+    api: Any, namespace: str, name: str, obj: dict[str, Any], left: float | None
+) -> dict[str, Any] | None:
+    """The object after its next change, or None if none came within ``left`` (at most a minute:
+    then the caller looks again)."""
+    wait_s = max(1, int(min(left if left is not None else 60.0, 60.0)))
+    version = (obj.get("metadata") or {}).get("resourceVersion")
+
+    def first_event() -> dict[str, Any] | None:
+        return next(watch_events(api, namespace, version, wait_s, name), None)
+
+    event = request("watch", namespace, name, first_event)
+    if event is None:
+        return None
+    if event.get("type") in ("GONE", "ERROR"):  # start over from the object as it is now
+        return get(api, namespace, name)
+    if event.get("type") == "DELETED":
+        raise ActionError(f"checkpointrollout {namespace}/{name} was deleted", EXIT_NOT_FOUND)
+    changed: dict[str, Any] = event.get("object") or {}
+    return changed
+
+
+# -- the actions ---------------------------------------------------------------------------------
+
+
+def refusal(action: str, obj: dict[str, Any]) -> str | None:
+    """Why ``action`` does not apply to the rollout as it is now (None: it does). The dashboard
+    greys a button out for the same reason the command refuses."""
+    status = obj.get("status") or {}
+    phase = status.get("phase")
+    if action == "promote" and (phase != Phase.PAUSED or (obj.get("spec") or {}).get("paused")):
+        why = "spec.paused is set: use resume" if phase == Phase.PAUSED else f"phase is {phase or 'unknown'}"
+        return f"not paused after a wave ({why}); nothing to promote"
+    if action == "retry" and phase not in FAILED_PHASES:
+        return f"phase is {phase or 'unknown'}; only a Failed or RolledBack rollout is retried"
+    if action == "skip-analysis" and _analyzing(obj) is None:
+        return "no wave is being analyzed; nothing to skip"
+    return None
+
+
+def _analyzing(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """The spec wave whose analysis runs now, if one does (of the version being rolled out)."""
+    status = obj.get("status") or {}
+    if status.get("targetVersion") != desired_version(obj):
+        return None
+    waves = status.get("waves") or []
+    return next(
+        (w for w in waves if w.get("phase") == WavePhase.ANALYZING and w.get("specIndex") is not None), None
+    )
+
+
+def _checked(action: str, obj: dict[str, Any], name: str) -> dict[str, Any]:
+    why = refusal(action, obj)
+    if why is not None:
+        raise ActionError(f"{name}: {why}", EXIT_REFUSED)
+    return obj
+
+
+def pause(api: Any, namespace: str, name: str) -> str:
+    patch(api, namespace, name, {"spec": {"paused": True}})
+    return f"{name}: paused (in-flight loads finish; no new calls)"
+
+
+def resume(api: Any, namespace: str, name: str) -> str:
+    patch(api, namespace, name, {"spec": {"paused": False}})
+    return f"{name}: resumed"
+
+
+def promote(api: Any, namespace: str, name: str) -> str:
+    """Continue past the pauseAfterWave the rollout waits at (the last completed wave). The value
+    names the version paused, so it promotes no later version that pauses after the same wave."""
+    obj = _checked("promote", get(api, namespace, name), name)
+    status = obj.get("status") or {}
+    completed = int(status.get("currentWave") or 0)
+    version = status.get("targetVersion") or desired_version(obj)
+    value = f"{completed - 1}@{version}"
+    patch(api, namespace, name, {"metadata": {"annotations": {PROMOTE_ANNOTATION: value}}})
+    return f"{name}: promoted past wave {completed}"
+
+
+def skip_analysis(api: Any, namespace: str, name: str) -> str:
+    """End the running analysis as Skipped: its wave completes and the rollout goes on. The value
+    names the wave and version, so it skips no later analysis (promote never skips one)."""
+    obj = _checked("skip-analysis", get(api, namespace, name), name)
+    wave = _analyzing(obj)
+    assert wave is not None  # _checked refused otherwise
+    version = desired_version(obj)
+    value = f"{wave['specIndex']}@{version}"
+    patch(api, namespace, name, {"metadata": {"annotations": {SKIP_ANALYSIS_ANNOTATION: value}}})
+    return f"{name}: skipping the analysis of wave {int(wave['specIndex']) + 1}"
+
+
+def abort(api: Any, namespace: str, name: str) -> str:
+    version = desired_version(get(api, namespace, name))
+    if version is None:
+        raise ActionError(
+            f"{name}: nothing to abort: its versionFrom has not been resolved yet", EXIT_REFUSED
+        )
+    patch(api, namespace, name, {"metadata": {"annotations": {ABORT_ANNOTATION: version}}})
+    return f"{name}: aborting {version}; updated workers go back to the previous version"
+
+
+def retry(api: Any, namespace: str, name: str) -> str:
+    """Roll the same version out again after it ended Failed or RolledBack. An abort of that
+    version is withdrawn in the same patch: left in place, it would stop the retry at once."""
+    obj = _checked("retry", get(api, namespace, name), name)
+    phase = (obj.get("status") or {}).get("phase")
+    version = desired_version(obj)
+    token = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + f".{time.time_ns() % 1_000_000:06d}"
+    annotations: dict[str, str | None] = {RETRY_ANNOTATION: token}
+    aborted = ((obj.get("metadata") or {}).get("annotations") or {}).get(ABORT_ANNOTATION) == version
+    if aborted:
+        annotations[ABORT_ANNOTATION] = None  # merge patch: null removes the key
+    patch(api, namespace, name, {"metadata": {"annotations": annotations}})
+    return f"{name}: retrying {version} (was {phase}{'; its abort withdrawn' if aborted else ''})"
+
+
+ACTIONS: dict[str, Callable[[Any, str, str], str]] = {
+    "pause": pause,
+    "resume": resume,
+    "promote": promote,
+    "abort": abort,
+    "retry": retry,
+    "skip-analysis": skip_analysis,
+}

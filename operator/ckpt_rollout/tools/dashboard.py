@@ -1,0 +1,256 @@
+"""`ckpt-rollout dashboard`: a local web page of the CheckpointRollouts in a namespace (or all),
+live, with the commands' pause, resume, promote, abort and retry as buttons.
+
+A watch on the apiserver (one thread: list, then watch from the list's resourceVersion, list
+again when that version is too old) keeps a board of the rollouts; every change reaches each
+open page as a server-sent event carrying the whole board (watchtable's view of each rollout),
+so the page redraws without reloading. Buttons POST to the server, which runs the very function
+the CLI command runs (ckpt_rollout.tools.actions) with the user's kubeconfig.
+
+It acts with the user's credentials, so it listens on 127.0.0.1 unless told otherwise, answers
+only requests whose Host header names that address, and takes actions only from its own page
+(a per-process token the page carries; another site's page cannot read it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import html
+import ipaddress
+import json
+import secrets
+import signal
+import threading
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from aiohttp import web
+
+from ckpt_rollout.tools import actions
+from ckpt_rollout.tools.actions import EXIT_NOT_FOUND, EXIT_REFUSED, ActionError
+from ckpt_rollout.tools.watchtable import rollout_view
+
+TOKEN_HEADER = "X-Dashboard-Token"  # noqa: S105 (a header name, not a secret)
+WATCH_SECONDS = 30  # one watch request's length; the next resumes from the last version seen
+RETRY_SECONDS = 2.0  # after the apiserver failed us
+KEEPALIVE_SECONDS = 15.0  # an idle event stream still notices a closed page
+_HTTP_STATUS = {EXIT_NOT_FOUND: 404, EXIT_REFUSED: 409}  # any other failure: 502
+
+
+def board_view(objects: dict[tuple[str, str], dict[str, Any]], error: str | None) -> dict[str, Any]:
+    """What one event carries: every rollout's view, each with why each action would be
+    refused now (None: it applies), and the watch's last error."""
+    rollouts = []
+    for key in sorted(objects):
+        view = rollout_view(objects[key])
+        view["refusals"] = {action: actions.refusal(action, objects[key]) for action in actions.ACTIONS}
+        rollouts.append(view)
+    return {"rollouts": rollouts, "error": error}
+
+
+def _key(obj: dict[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace")), str(meta.get("name"))
+
+
+@dataclass
+class Board:
+    """The rollouts as last seen, and a generation counter that open pages wait on. Touched only
+    on the event loop: the watch thread hands its events over with call_soon_threadsafe."""
+
+    objects: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    error: str | None = None
+    generation: int = 0
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def replace(self, objects: dict[tuple[str, str], dict[str, Any]], error: str | None) -> None:
+        self.objects = objects
+        self.error = error
+        self._bump()
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            self.objects.pop(_key(obj), None)
+        else:
+            self.objects[_key(obj)] = obj
+        self.error = None
+        self._bump()
+
+    def fail(self, error: str) -> None:
+        self.error = error
+        self._bump()
+
+    def _bump(self) -> None:
+        self.generation += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_past(self, generation: int) -> None:
+        while self.generation == generation:
+            await self._changed.wait()
+
+    def event(self) -> bytes:
+        return f"data: {json.dumps(board_view(self.objects, self.error))}\n\n".encode()
+
+
+def follow(
+    api: Any,
+    namespace: str | None,
+    listed: dict[str, Any] | None,
+    board: Board,
+    loop: asyncio.AbstractEventLoop,
+    stop: threading.Event,
+) -> None:
+    """The watch thread: from ``listed`` on (None: list first), every change goes to ``board``,
+    until ``stop``."""
+    while not stop.is_set():
+        try:
+            if listed is None:
+                listed = actions.list_rollouts(api, namespace)
+            items = {_key(obj): obj for obj in listed.get("items") or []}
+            loop.call_soon_threadsafe(board.replace, items, None)
+            version = (listed.get("metadata") or {}).get("resourceVersion")
+            listed = None  # from here on, a new list is needed only when the watch says so
+            gone = False
+            while not gone and not stop.is_set():
+                for event in actions.watch_events(api, namespace, version, WATCH_SECONDS):
+                    kind = event.get("type")
+                    if kind in ("GONE", "ERROR"):
+                        gone = True
+                        break
+                    obj = event.get("object") or {}
+                    version = (obj.get("metadata") or {}).get("resourceVersion") or version
+                    if kind in ("ADDED", "MODIFIED", "DELETED"):
+                        loop.call_soon_threadsafe(board.apply, kind, obj)
+        except Exception as exc:  # the apiserver went away, RBAC changed: say so on the page, retry
+            listed = None
+            loop.call_soon_threadsafe(board.fail, f"watch: {exc}".splitlines()[0][:300])
+            if stop.wait(RETRY_SECONDS):
+                return
+
+
+@dataclass
+class Dashboard:
+    api: Any
+    namespace: str | None  # None: every namespace
+    board: Board
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    hosts: frozenset[str] | None = None  # Host headers answered; None: any (bound to every address)
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._host_check])
+        app.router.add_get("/", self.page)
+        app.router.add_get("/api/rollouts", self.rollouts)
+        app.router.add_get("/api/events", self.events)
+        app.router.add_post("/api/rollouts/{namespace}/{name}/{action}", self.act)
+        return app
+
+    @web.middleware
+    async def _host_check(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        # A page on another site that gets its name resolved to 127.0.0.1 (DNS rebinding)
+        # still sends its own name as Host.
+        if self.hosts is not None and request.host not in self.hosts:
+            return web.json_response({"error": f"unexpected Host header {request.host!r}"}, status=421)
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    async def page(self, request: web.Request) -> web.Response:
+        text = resources.files("ckpt_rollout.tools").joinpath("static/dashboard.html").read_text()
+        scope = "all namespaces" if self.namespace is None else f"namespace {self.namespace}"
+        text = text.replace("__TOKEN__", self.token).replace("__SCOPE__", html.escape(scope))
+        return web.Response(text=text, content_type="text/html", headers={"Cache-Control": "no-store"})
+
+    async def rollouts(self, request: web.Request) -> web.Response:
+        return web.json_response(board_view(self.board.objects, self.board.error))
+
+    async def events(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"}
+        )
+        await response.prepare(request)
+        seen = -1
+        try:
+            while True:
+                if seen != self.board.generation:
+                    seen = self.board.generation
+                    await response.write(self.board.event())
+                try:
+                    await asyncio.wait_for(self.board.wait_past(seen), KEEPALIVE_SECONDS)
+                except TimeoutError:
+                    await response.write(b": keepalive\n\n")
+        except ConnectionResetError:  # the page was closed
+            return response
+
+    async def act(self, request: web.Request) -> web.Response:
+        sent = request.headers.get(TOKEN_HEADER, "")
+        if not hmac.compare_digest(sent.encode(), self.token.encode()):
+            return web.json_response({"error": "actions come from the dashboard's own page"}, status=403)
+        action = request.match_info["action"]
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        if action not in actions.ACTIONS:
+            known = ", ".join(actions.ACTIONS)
+            return web.json_response({"error": f"unknown action {action!r} (one of {known})"}, status=404)
+        if self.namespace is not None and namespace != self.namespace:
+            return web.json_response(
+                {"error": f"this dashboard shows namespace {self.namespace}, not {namespace}"}, status=404
+            )
+        try:
+            message = await asyncio.to_thread(actions.ACTIONS[action], self.api, namespace, name)
+        except ActionError as exc:
+            return web.json_response({"error": str(exc)}, status=_HTTP_STATUS.get(exc.code, 502))
+        return web.json_response({"message": message})
+
+
+def allowed_hosts(address: str, port: int) -> frozenset[str] | None:
+    """Host headers a browser sends for this bind address (None: bound to every address, so any
+    name may be the right one)."""
+    ip = ipaddress.ip_address(address)
+    if ip.is_unspecified:
+        return None
+    shown = f"[{address}]" if ip.version == 6 else address
+    hosts = {f"{shown}:{port}"}
+    if ip.is_loopback:
+        hosts.add(f"localhost:{port}")
+    return frozenset(hosts)
+
+
+async def serve(target: actions.Target, all_namespaces: bool, address: str, port: int) -> int:
+    api, namespace = actions.connect(target)
+    scope = None if all_namespaces else namespace
+    # Listed before listening: a kubeconfig that cannot read rollouts fails here, in one line.
+    listed = await asyncio.to_thread(actions.list_rollouts, api, scope)
+    board = Board()
+    dashboard = Dashboard(api, scope, board)
+    runner = web.AppRunner(dashboard.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, address, port).start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ActionError(f"cannot listen on {address}:{port}: {exc.strerror or exc}", 2) from None
+    bound = int(runner.addresses[0][1])
+    dashboard.hosts = allowed_hosts(address, bound)
+    stop_watch = threading.Event()
+    loop = asyncio.get_running_loop()
+    watcher = threading.Thread(
+        target=follow,
+        args=(api, scope, listed, board, loop, stop_watch),
+        name="ckpt-dashboard-watch",
+        daemon=True,
+    )
+    watcher.start()
+    stopped = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopped.set)
+    host = f"[{address}]" if ":" in address else address
+    shown = "all namespaces" if scope is None else f"namespace {scope}"
+    # The URL ends the line, as the agent's and `serve`'s banners do: scripts read it from there.
+    print(f"ckpt-rollout dashboard of {shown} (Ctrl-C stops) on http://{host}:{bound}", flush=True)
+    try:
+        await stopped.wait()
+    finally:
+        stop_watch.set()
+        await runner.cleanup()
+    return 0

@@ -1,0 +1,195 @@
+"""A rollout's live view: one model of a CheckpointRollout (its waves, each member's state, each
+worker's bytes and rate) that `watch` draws as a table on a terminal, as one line per change
+elsewhere, and that the dashboard sends to the browser. Pure.
+
+The status folds a wave's successes into its counters once the wave completes, so a member's
+state is read in this order: its worker entry for the current target; else Updated if it was
+called in a wave that completed; else Loading if it was called; else Pending.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ckpt_api.vocabulary import Phase, WavePhase, WorkerPhase
+from ckpt_rollout.tools.views import _table, analysis_cell, desired_version, human_bytes
+
+
+def rollout_view(obj: dict[str, Any]) -> dict[str, Any]:
+    """The JSON-able model of ``obj`` that every live view renders."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    if status.get("targetVersion") != desired_version(obj):
+        # The operator has not picked the new version up yet: the old waves would mislead.
+        status = {k: status.get(k) for k in ("stableVersion", "previousVersion", "replicas")}
+    entries: dict[str, Any] = status.get("workers") or {}
+    target = desired_version(obj)
+    waves = []
+    members: dict[str, tuple[int, str]] = {}
+    for wave in status.get("waves") or []:
+        index = int(wave.get("index", 0))
+        called = set(wave.get("called") or [])
+        pods = []
+        for pod in wave.get("pods") or []:
+            state = _member_state(entries.get(pod), target, pod in called, wave.get("phase"))
+            members[pod] = (index + 1, state)
+            pods.append({"pod": pod, "state": state})
+        waves.append(
+            {
+                "wave": index + 1,
+                "kind": wave.get("kind"),
+                "phase": wave.get("phase"),
+                "target": wave.get("target"),
+                "members": pods,
+                "updated": wave.get("updated", 0),
+                "failed": wave.get("failed", 0),
+                "analysis": analysis_cell(wave, spec),
+            }
+        )
+    workers = []
+    for pod in sorted(set(members) | set(entries)):
+        entry = entries.get(pod) or {}
+        wave_number, state = members.get(pod, (None, entry.get("phase") or WorkerPhase.PENDING))
+        if wave_number is None and entry.get("wave") is not None:
+            wave_number = int(entry["wave"]) + 1
+        size, seconds = entry.get("bytes"), entry.get("seconds")
+        workers.append(
+            {
+                "pod": pod,
+                "wave": wave_number,
+                "state": state,
+                # A success folded into its wave's counters left no entry: it is the target's.
+                "version": entry.get("version") or (target if state == WorkerPhase.UPDATED else None),
+                "liveVersion": entry.get("liveVersion"),
+                "reason": entry.get("reason"),
+                "bytes": size,
+                "seconds": seconds,
+                "rate": size / seconds if size and seconds else None,
+                "message": entry.get("message"),
+            }
+        )
+    return {
+        "namespace": meta.get("namespace"),
+        "name": meta.get("name"),
+        "version": target,
+        "targetVersion": status.get("targetVersion"),
+        "stableVersion": status.get("stableVersion"),
+        "previousVersion": status.get("previousVersion"),
+        "phase": status.get("phase") or Phase.PENDING,
+        "paused": bool(spec.get("paused")),
+        "message": status.get("message"),
+        "waveProgress": status.get("waveProgress"),
+        "replicas": status.get("replicas") or 0,
+        "updated": status.get("updatedReplicas") or 0,
+        "failed": status.get("failedReplicas") or 0,
+        "waves": waves,
+        "workers": workers,
+    }
+
+
+def _member_state(entry: dict[str, Any] | None, target: str | None, called: bool, wave_phase: Any) -> str:
+    if entry is not None and entry.get("version") == target:
+        return str(entry.get("phase") or WorkerPhase.PENDING)
+    if called and wave_phase == WavePhase.COMPLETED:
+        return WorkerPhase.UPDATED
+    return WorkerPhase.LOADING if called else WorkerPhase.PENDING
+
+
+def _rate(rate: float | None) -> str:
+    return "-" if rate is None else human_bytes(rate) + "/s"
+
+
+def _cell(value: object) -> str:
+    return "-" if value is None or value == "" else str(value)
+
+
+def summary_line(view: dict[str, Any]) -> str:
+    return (
+        f"{view['namespace']}/{view['name']} {view['version']}: {view['phase']}"
+        f"{' (spec.paused)' if view['paused'] else ''}, {view['updated']}/{view['replicas']} updated, "
+        f"{view['failed']} failed, waves {_cell(view['waveProgress'])}"
+    )
+
+
+def render_table(view: dict[str, Any]) -> str:
+    """What `watch` draws on a terminal: the rollout, a row per wave, a row per worker."""
+    lines = [
+        summary_line(view),
+        f"stable {_cell(view['stableVersion'])}, previous {_cell(view['previousVersion'])}",
+        f"message: {_cell(view['message'])}",
+    ]
+    if view["waves"]:
+        rows = [["WAVE", "KIND", "PHASE", "PODS", "UPDATED", "FAILED", "ANALYSIS", "MEMBERS"]]
+        rows += [
+            [
+                str(w["wave"]),
+                _cell(w["kind"]),
+                _cell(w["phase"]),
+                str(len(w["members"])),
+                str(w["updated"]),
+                str(w["failed"]),
+                _cell(w["analysis"]),
+                " ".join(f"{m['pod']}={m['state']}" for m in w["members"]),
+            ]
+            for w in view["waves"]
+        ]
+        lines += ["", _table(rows)]
+    if view["workers"]:
+        rows = [["WORKER", "WAVE", "STATE", "VERSION", "BYTES", "SECONDS", "RATE", "MESSAGE"]]
+        rows += [
+            [
+                w["pod"],
+                _cell(w["wave"]),
+                w["state"],
+                _cell(w["version"]),
+                human_bytes(w["bytes"]),
+                "-" if w["seconds"] is None else f"{w['seconds']:.2f}",
+                _rate(w["rate"]),
+                _cell(w["message"])[:80],
+            ]
+            for w in view["workers"]
+        ]
+        lines += ["", _table(rows)]
+    return "\n".join(lines)
+
+
+def change_lines(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
+    """What `watch` prints when stdout is not a terminal: one line for each thing that changed
+    between two views (the rollout's summary, a wave's phase or size, a worker's state)."""
+    lines = []
+    if before is None or summary_line(before) != summary_line(after):
+        lines.append(summary_line(after))
+    old_waves = {w["wave"]: w for w in (before or {}).get("waves", [])}
+    for wave in after["waves"]:
+        old = old_waves.get(wave["wave"])
+        if old is None or (old["phase"], len(old["members"])) != (wave["phase"], len(wave["members"])):
+            pods = ", ".join(m["pod"] for m in wave["members"])
+            lines.append(f"wave {wave['wave']}: {_cell(wave['phase'])} ({len(wave['members'])} pods: {pods})")
+        if wave["analysis"] and (old is None or old["analysis"] != wave["analysis"]):
+            lines.append(f"wave {wave['wave']} analysis: {wave['analysis']}")
+    old_workers = {w["pod"]: w for w in (before or {}).get("workers", [])}
+    for worker in after["workers"]:
+        old = old_workers.get(worker["pod"])
+        if old is None or (old["state"], old["version"], old["bytes"]) != (
+            worker["state"],
+            worker["version"],
+            worker["bytes"],
+        ):
+            lines.append(_worker_line(worker))
+    return lines
+
+
+def _worker_line(worker: dict[str, Any]) -> str:
+    line = f"worker {worker['pod']}: {worker['state']}"
+    if worker["version"]:
+        line += f" {worker['version']}"
+    if worker["bytes"] is not None:
+        line += f", {human_bytes(worker['bytes'])}"
+        if worker["seconds"] is not None:
+            line += f" in {worker['seconds']:.2f}s ({_rate(worker['rate'])})"
+    if worker["reason"] and worker["state"] == WorkerPhase.FAILED:
+        line += f": {worker['reason']}"
+        if worker["message"]:
+            line += f": {worker['message']}"
+    return line

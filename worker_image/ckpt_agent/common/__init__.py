@@ -1,0 +1,1 @@
+"""What every layer of the agent stands on: error types, metrics, log format."""

@@ -1,0 +1,150 @@
+"""Opening the transport of a load: the source alone, or the source's manifest with a peer's bytes;
+and registering destination memory with transports that want it (RDMA)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Protocol
+
+from ckpt_agent.common.errors import LoadError, Reason
+from ckpt_agent.pipeline.reader import LoadProgress, fetch_manifest_raw, plan_runs, read_runs
+from ckpt_agent.pipeline.relay_copy import RelayCopy
+from ckpt_agent.pipeline.relay_peer import PeerError, PeerTransport, is_peer_fault, open_peer_transport
+from ckpt_agent.transport import RegistersBuffers, Transport, open_transport
+from ckpt_agent.transport.mooncake.runtime import MooncakeUnavailable
+
+if TYPE_CHECKING:
+    from ckpt_agent.formats.manifest import Manifest, TensorEntry
+    from ckpt_agent.pipeline.load_job import LoadJob
+
+log = logging.getLogger(__name__)
+
+
+def open_load_transport(source_uri: str, peer: str | None, bearer: str | None) -> Transport:
+    source = open_transport(source_uri)
+    if peer is None:
+        return source
+    try:
+        bytes_from = open_peer_transport(peer, bearer)
+    except (ValueError, LoadError, MooncakeUnavailable) as exc:
+        source.close()
+        raise PeerError(Reason.SOURCE_UNREACHABLE, f"peer {peer}: {exc}") from None
+    return PeerTransport(source, bytes_from)
+
+
+@contextmanager
+def registered(transport: Transport, version: str, regions: Sequence[memoryview]) -> Iterator[None]:
+    """Register `regions` as read destinations for the block, when the transport wants that."""
+    undo: list[Callable[[], None]] = []
+    try:
+        if isinstance(transport, RegistersBuffers):
+            for region in regions:
+                undo.append(transport.register_buffer(version, region))
+        yield
+    finally:
+        for fn in reversed(undo):
+            fn()
+
+
+class PullTarget(Protocol):
+    """Where a staged load lands: host staging (paddle) or a staging directory (disk engines)."""
+
+    def regions(self) -> Sequence[memoryview]: ...
+
+    def buffer(self, entry: TensorEntry) -> memoryview: ...
+
+
+def pull_into(
+    transport: Transport,
+    job: LoadJob,
+    manifest: Manifest,
+    target: PullTarget,
+    progress: LoadProgress,
+    *,
+    chunk_bytes: int,
+    parallelism: int,
+    relay: RelayCopy | None = None,
+) -> None:
+    """Every tensor of `manifest` into `target`'s buffers, verified (and checked finite) when the
+    job asks for it, or when `relay` serves each onward as soon as it is (pipelined relay).
+
+    A peer that fails part way (gone, stalled, wrong bytes) is dropped for the rest of the load:
+    the tensors it delivered and that verified stay, the others come from the source."""
+    verify = job.must_verify or relay is not None
+    landed: set[str] = set()
+    lock = threading.Lock()
+
+    def on_tensor(entry: TensorEntry, _buf: memoryview) -> None:
+        with lock:
+            landed.add(entry.name)
+        if relay is not None:
+            relay.mark_ready(entry)
+
+    def read(reader: Transport, entries: Sequence[TensorEntry]) -> None:
+        # Several streams only pay off when there is more than one chunk per stream.
+        nbytes = sum(e.nbytes for e in entries)
+        max_run = max(nbytes // max(parallelism, 1), chunk_bytes)
+        with registered(reader, job.version, target.regions()):
+            read_runs(
+                reader,
+                job.version,
+                plan_runs(manifest, max_run_bytes=max_run, only=entries),
+                buffer_for=target.buffer,
+                on_tensor=on_tensor,
+                verify=verify,
+                progress=progress,
+                cancelled=job.cancel.is_set,
+                chunk_bytes=chunk_bytes,
+                parallelism=parallelism,
+                check_finite=job.check_finite,
+            )
+
+    try:
+        read(transport, manifest.tensors)
+    except LoadError as exc:
+        if not isinstance(transport, PeerTransport) or exc.weights_lost or not is_peer_fault(exc):
+            raise
+        progress.fall_back(f"{exc.reason}: {exc.message}")
+        log.warning(
+            "peer %s failed loading %s (%s); the %d tensors it did not deliver come from the source",
+            transport.peer_uri,
+            job.version,
+            exc.message,
+            len(manifest.tensors) - len(landed),
+        )
+        read(transport.source, [e for e in manifest.tensors if e.name not in landed])
+    if relay is not None:
+        relay.finish()
+
+
+async def open_version(job: LoadJob, max_manifest_bytes: int) -> tuple[Transport, Manifest, str, bytes]:
+    """The job's transport (source, or peer with the source's manifest) and its version's
+    manifest, digest-checked: (transport, manifest, digest, raw manifest bytes). The caller
+    closes the transport."""
+    if job.source_uri is None:
+        raise LoadError(Reason.SOURCE_UNREACHABLE, "no source to load from")
+    transport = await asyncio.to_thread(open_load_transport, job.source_uri, job.peer, job.bearer)
+    try:
+        manifest, digest, raw = await asyncio.to_thread(
+            fetch_manifest_raw,
+            transport,
+            job.version,
+            expected_digest=job.manifest_digest,
+            max_bytes=max_manifest_bytes,
+        )
+        if isinstance(transport, PeerTransport) and not manifest.peer_verifiable:
+            # Decided before any byte moves, so the fallback costs nothing but the manifest.
+            raise PeerError(
+                Reason.CHECKSUM_MISMATCH,
+                f"peer {transport.peer_uri} not used: the manifest of {job.version} lists no sha256 for "
+                "some tensors or files (published before sha256 was added), and bytes from a peer are "
+                "checked against sha256 only; loading from the source",
+            )
+    except BaseException:
+        transport.close()
+        raise
+    return transport, manifest, digest, raw

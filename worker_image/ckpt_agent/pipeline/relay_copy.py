@@ -1,0 +1,240 @@
+"""The copy of the live version an agent can relay, and how it is read back.
+
+Which bytes a peer serves (decided per apply mode):
+- staged (default) and disk-staging engines: the staging copy of the load, kept after
+  the apply until the next load starts (host RAM or the staging directory; served over http
+  and mooncake);
+- streamed: re-read from the live parameters, tensor by tensor (http only: no staging copy to
+  register). A tensor that changed since the load (a new load began) is refused.
+Readers verify everything anyway; these rules keep an honest peer from serving torn data.
+
+A staged load asked to relay while it loads (`relayWhileLoading`, pipelined relay) publishes its
+copy before the first tensor arrives: each tensor is served once the load verified it, a reader
+of one not yet there waits for it (`NotReady`), and a failed load's copy is released.
+The version's non-weight files (config, tokenizer, index) are small and kept in memory with the
+copy, verified, whatever the apply mode: a peer serves them as it received them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from functools import partial
+
+from ckpt_agent.formats.manifest import Manifest, TensorEntry
+from ckpt_agent.pipeline.staging import TensorStore
+
+ReadTensor = Callable[[TensorEntry], memoryview]
+
+
+class RelayGone(Exception):
+    """The copy can no longer be served (released, or the live weights changed)."""
+
+
+_PIECE = 1 << 20
+
+
+@dataclass(frozen=True)
+class NotReady:
+    """What `iter_range` yields for bytes the load has not verified yet: wait until `ready()`,
+    then go on."""
+
+    ready: Callable[[], bool]
+
+
+class RelayCopy:
+    def __init__(
+        self,
+        manifest_raw: bytes,
+        manifest: Manifest,
+        read_tensor: ReadTensor,
+        *,
+        store: TensorStore | None = None,
+        source: str = "staging",
+        extra_files: Mapping[str, bytes] | None = None,
+    ) -> None:
+        self.manifest_raw = manifest_raw
+        self.manifest = manifest
+        self.version = manifest.version
+        self.store = store  # registrable memory, if any (mooncake relay)
+        self.source = source
+        self.extra_files: Mapping[str, bytes] = dict(extra_files or {})
+        self._read_tensor = read_tensor
+        self._offsets = {f: [e.offset for e in es] for f, es in manifest.by_file.items()}
+        self._lock = threading.Lock()
+        self._on_release: list[Callable[[], None]] = []
+        self.released = False
+        # Pipelined relay: the tensors verified so far, and how waiting readers learn of more.
+        self.complete = True
+        self.extras_ready = True
+        self._ready: set[str] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._changed: asyncio.Future[None] | None = None
+
+    @classmethod
+    def in_progress(
+        cls,
+        manifest_raw: bytes,
+        manifest: Manifest,
+        store: TensorStore,
+        loop: asyncio.AbstractEventLoop,
+    ) -> RelayCopy:
+        """The copy of a load still running: its non-weight files are served once
+        `set_extra_files` gives them, tensors as `mark_ready` adds them."""
+        copy = cls.from_store(manifest_raw, manifest, store)
+        copy.complete = False
+        copy.extras_ready = False
+        copy._loop = loop
+        return copy
+
+    def set_extra_files(self, files: Mapping[str, bytes]) -> None:
+        """The load verified the version's non-weight files."""
+        self.extra_files = dict(files)
+        self.extras_ready = True
+        self._wake()
+
+    def mark_ready(self, entry: TensorEntry) -> None:
+        """The load verified `entry` (any thread)."""
+        with self._lock:
+            self._ready.add(entry.name)
+        self._wake()
+
+    def finish(self) -> None:
+        """The load verified every tensor."""
+        with self._lock:
+            self.complete = True
+        self._wake()
+
+    def is_ready(self, entry: TensorEntry) -> bool:
+        return self.complete or entry.name in self._ready
+
+    def ready_between(self, file: str, start: int, end: int) -> bool:
+        """Whether every tensor of `file` overlapping [start, end) may be served."""
+        return self.complete or all(
+            e.name in self._ready
+            for e in self.manifest.by_file.get(file, [])
+            if e.offset < end and e.end > start
+        )
+
+    async def wait_until(self, ready: Callable[[], bool], limit_s: float) -> bool:
+        """Wait (on the copy's loop) until `ready()` holds, at most `limit_s` seconds; whether it
+        does. Raises RelayGone once the copy is released (its load failed)."""
+        deadline = time.monotonic() + limit_s
+        while True:
+            if self.released:
+                raise self._gone()
+            if self._loop is None:
+                return ready()
+            if self._changed is None or self._changed.done():
+                self._changed = self._loop.create_future()
+            # Checked after the future exists: a tensor marked from now on resolves it.
+            if ready():
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._changed), left)
+
+    def _until(self, ready: Callable[[], bool]) -> Iterator[NotReady]:
+        """`NotReady` until `ready()` holds (the reader waits in between); RelayGone if the copy is
+        released meanwhile."""
+        while not ready():
+            if self.released:
+                raise self._gone()
+            yield NotReady(ready)
+
+    def _gone(self) -> RelayGone:
+        return RelayGone(f"{self.version} is no longer relayed (its load failed)")
+
+    def _wake(self) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+
+        def wake() -> None:
+            waiting = self._changed
+            if waiting is not None and not waiting.done():
+                waiting.set_result(None)
+
+        loop.call_soon_threadsafe(wake)
+
+    @classmethod
+    def from_store(
+        cls,
+        manifest_raw: bytes,
+        manifest: Manifest,
+        store: TensorStore,
+        extra_files: Mapping[str, bytes] | None = None,
+    ) -> RelayCopy:
+        return cls(manifest_raw, manifest, store.buffer, store=store, extra_files=extra_files)
+
+    def file_size(self, file: str) -> int | None:
+        """Size of a shard or an extra file of the version; None for any other name."""
+        if file in self.extra_files:
+            return len(self.extra_files[file])
+        if not self.extras_ready and file in self.manifest.extra_files:
+            return self.manifest.extra_files[file].size
+        return self.manifest.files.get(file)
+
+    def iter_range(self, file: str, start: int, end: int) -> Iterator[bytes | memoryview | NotReady]:
+        """Bytes [start, end) of `file` in the original shard layout, in pieces of at most 1 MiB;
+        bytes between tensors (header, padding) come out as zeros. Blocking. Before a tensor (or
+        file) a running load has not verified yet: `NotReady` (pull again once it is)."""
+        if file in self.manifest.extra_files:
+            yield from self._until(lambda: self.extras_ready)
+        extra = self.extra_files.get(file)
+        if extra is not None:
+            view = memoryview(extra)
+            for lo in range(start, end, _PIECE):
+                yield view[lo : min(end, lo + _PIECE)]
+            return
+        entries = self.manifest.by_file.get(file, [])
+        i = max(bisect.bisect_right(self._offsets.get(file, []), start) - 1, 0)
+        pos = start
+        while pos < end:
+            entry = entries[i] if i < len(entries) else None
+            if entry is None or entry.offset >= end:
+                yield from _zeros(end - pos)
+                return
+            if entry.end <= pos:
+                i += 1
+                continue
+            if entry.offset > pos:
+                yield from _zeros(entry.offset - pos)
+                pos = entry.offset
+            yield from self._until(partial(self.is_ready, entry))
+            data = self._read_tensor(entry)
+            hi = min(end, entry.end)
+            for lo in range(pos, hi, _PIECE):
+                yield data[lo - entry.offset : min(hi, lo + _PIECE) - entry.offset]
+            pos = hi
+            i += 1
+
+    def on_release(self, fn: Callable[[], None]) -> None:
+        with self._lock:
+            self._on_release.append(fn)
+
+    def release(self) -> None:
+        with self._lock:
+            if self.released:
+                return
+            self.released = True
+            hooks, self._on_release = self._on_release, []
+        self._wake()
+        for fn in hooks:
+            fn()
+        if self.store is not None:
+            self.store.release()
+
+
+def _zeros(n: int) -> Iterator[bytes]:
+    while n > 0:
+        step = min(n, _PIECE)
+        yield bytes(step)
+        n -= step

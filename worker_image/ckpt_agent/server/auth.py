@@ -1,0 +1,443 @@
+"""Bearer-token auth for every agent endpoint but `/healthz` and `/openapi.json`.
+
+Two authenticators: a static token file (outside Kubernetes, or a mounted Secret) and
+TokenReview (a service-account token bound to this agent's audience). A reviewed caller is then
+authorized by SubjectAccessReview (kube-rbac-proxy's model, the default): may it `update`
+(control routes), `get` (reads) or `get` the `relay` subresource (peers) of resource
+`agents.rollout.ckpt.dev` named after this pod in this pod's namespace; or, the explicit
+fallback, by a username allow-list. 401 = no or invalid credentials, 403 = valid but not
+allowed, 503 = the apiserver could not be asked, or refused while not ready (see
+settle_refusal).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import aiohttp
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from ckpt_api.agent_openapi import OPENAPI_PATH
+from ckpt_api.constants import AGENT_RBAC_RESOURCE, AGENT_RELAY_SUBRESOURCE, GROUP
+from ckpt_api.vocabulary import ErrorCode
+
+log = logging.getLogger(__name__)
+
+# The OpenAPI document is public like /healthz: it says what this open source says already, and
+# API tools read it before they hold a token.
+OPEN_PATHS = frozenset({"/healthz", OPENAPI_PATH})
+
+
+@dataclass(frozen=True)
+class UserInfo:
+    """Who a TokenReview says the caller is: what a SubjectAccessReview asks about."""
+
+    username: str
+    uid: str = ""
+    groups: tuple[str, ...] = ()
+    extra: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    @classmethod
+    def from_review(cls, user: Mapping[str, Any]) -> UserInfo:
+        extra = user.get("extra")
+        extra = extra if isinstance(extra, dict) else {}
+        return cls(
+            username=str(user.get("username") or ""),
+            uid=str(user.get("uid") or ""),
+            groups=tuple(str(g) for g in user.get("groups") or ()),
+            extra=tuple(sorted((str(k), tuple(str(v) for v in vs or ())) for k, vs in extra.items())),
+        )
+
+
+@dataclass(frozen=True)
+class AuthDecision:
+    status: int  # 200 allowed, 401, 403, or 503 when the token could not be reviewed
+    reason: str
+    username: str | None = None
+    user: UserInfo | None = None
+
+    @property
+    def allowed(self) -> bool:
+        return self.status == 200
+
+
+class Authenticator(Protocol):
+    async def authenticate(self, token: str, method: str, path: str) -> AuthDecision:
+        """May the bearer of ``token`` make this request?"""
+        ...
+
+
+# What peers read: the relay copy of the live version (ckpt_agent.server.relay_routes).
+RELAY_PREFIXES = ("/v1/relay/", "/v1/mooncake/")
+
+
+def scoped(decision: AuthDecision, path: str, relay_only: Collection[str]) -> AuthDecision:
+    """A peer's identity (another worker's token) reads the relay and nothing else: it can
+    neither pause nor reload this agent."""
+    if decision.allowed and decision.username in relay_only and not path.startswith(RELAY_PREFIXES):
+        return AuthDecision(
+            403, f"user {decision.username!r} may only read this agent's relay", decision.username
+        )
+    return decision
+
+
+@dataclass(frozen=True)
+class Access:
+    """What a request needs in RBAC: a verb on `agents`, or on its `relay` subresource."""
+
+    verb: str
+    subresource: str | None = None
+
+    def __str__(self) -> str:
+        resource = (
+            AGENT_RBAC_RESOURCE if self.subresource is None else f"{AGENT_RBAC_RESOURCE}/{self.subresource}"
+        )
+        return f"{self.verb} {resource}.{GROUP}"
+
+
+_READS = frozenset({"GET", "HEAD"})
+
+
+def access_for(method: str, path: str) -> Access:
+    """Peers read the relay (`get agents/relay`); other reads (status, /metrics on this port)
+    are `get agents`; every other method changes state or runs the model (`update agents`)."""
+    if path.startswith(RELAY_PREFIXES):
+        return Access("get", AGENT_RELAY_SUBRESOURCE)
+    return Access("get" if method.upper() in _READS else "update")
+
+
+def access_review(user: UserInfo, access: Access, namespace: str, name: str | None) -> dict[str, Any]:
+    """The SubjectAccessReview asking whether ``user`` may do ``access`` to this agent."""
+    attributes: dict[str, Any] = {
+        "namespace": namespace,
+        "verb": access.verb,
+        "group": GROUP,
+        "resource": AGENT_RBAC_RESOURCE,
+    }
+    if access.subresource is not None:
+        attributes["subresource"] = access.subresource
+    if name:
+        attributes["name"] = name
+    spec: dict[str, Any] = {
+        "user": user.username,
+        "groups": list(user.groups),
+        "resourceAttributes": attributes,
+    }
+    if user.uid:
+        spec["uid"] = user.uid
+    if user.extra:
+        spec["extra"] = {k: list(v) for k, v in user.extra}
+    return {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec}
+
+
+def decide_access_review(
+    status: Mapping[str, Any], user: UserInfo, access: Access, namespace: str
+) -> AuthDecision:
+    """Turn a SubjectAccessReview status into a decision (pure, like decide_token_review)."""
+    if status.get("allowed") is True and not status.get("denied"):
+        return AuthDecision(200, "access review", user.username, user)
+    why = status.get("reason") or status.get("evaluationError") or ""
+    return AuthDecision(
+        403,
+        f"user {user.username!r} may not {access} in namespace {namespace!r}" + (f" ({why})" if why else ""),
+        user.username,
+        user,
+    )
+
+
+def bearer_token(header: str | None) -> str | None:
+    if not header:
+        return None
+    scheme, _, token = header.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        return None
+    # RFC 6750 tokens are printable ASCII. aiohttp hands other header bytes over as surrogate
+    # escapes, which no comparison or TokenReview body can encode: such a header carries no token.
+    if not (token.isascii() and token.isprintable()):
+        return None
+    return token
+
+
+class StaticTokenAuthenticator:
+    """Compares against a token file, re-read when it changes (mounted Secrets are updated in
+    place). One shared secret, which peers present too: its bearer may do everything."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._stamp: tuple[float, int] | None = None
+        self._token = b""
+        self._load()
+        if not self._token:
+            raise ValueError(f"token file {path} is empty")
+
+    def _load(self) -> None:
+        st = os.stat(self._path)
+        stamp = (st.st_mtime, st.st_size)
+        if stamp != self._stamp:
+            self._token = self._path.read_bytes().strip()
+            self._stamp = stamp
+
+    async def authenticate(self, token: str, method: str = "GET", path: str = "/") -> AuthDecision:
+        try:
+            self._load()
+        except OSError as exc:
+            log.warning("cannot re-read token file %s (%s); using the last token read", self._path, exc)
+        if self._token and hmac.compare_digest(token.encode(), self._token):
+            return AuthDecision(200, "static token")
+        return AuthDecision(401, "invalid token")
+
+
+def decide_token_review(
+    status: Mapping[str, Any], audience: str, allowed_usernames: Collection[str] | None
+) -> AuthDecision:
+    """Turn a TokenReview status into a decision (pure, so it is testable without a cluster).
+    ``allowed_usernames`` None: any authenticated user passes, for SubjectAccessReview to judge."""
+    if not status.get("authenticated"):
+        error = status.get("error") or "token not authenticated"
+        return AuthDecision(401, f"token review: {error}")
+    audiences = status.get("audiences") or []
+    if audience not in audiences:
+        return AuthDecision(401, f"token is not valid for audience {audience!r}")
+    user = status.get("user")
+    info = UserInfo.from_review(user if isinstance(user, dict) else {})
+    username = info.username or None
+    if not username or (allowed_usernames is not None and username not in allowed_usernames):
+        return AuthDecision(403, f"user {username!r} is not allowed to call this agent", username)
+    return AuthDecision(200, "token review", username, info)
+
+
+def review_failed(http_status: int | None, review: str = "token review", refused: int = 401) -> AuthDecision:
+    """The decision when a TokenReview (or an access review) got no answer (None: no
+    connection) or an HTTP error."""
+    if http_status is None or http_status == 429 or http_status >= 500:
+        # The apiserver is away or overloaded: nothing was decided about the caller, who may
+        # call again (503, not the 401 that would fail a rollout's worker for good).
+        suffix = "" if http_status is None else f" (HTTP {http_status})"
+        return AuthDecision(503, f"{review} unavailable{suffix}")
+    # The apiserver refused our own review (e.g. the agent's RBAC lacks tokenreviews or
+    # subjectaccessreviews create): calling again will not help, so say so.
+    return AuthDecision(refused, f"{review} refused (HTTP {http_status})")
+
+
+def settle_refusal(refusal: AuthDecision, readyz: int | None) -> AuthDecision:
+    """A refusal (401/403) stands only if the apiserver that gave it was ready (its /readyz
+    answered ``readyz`` 200). Right after a restart kube-apiserver answers while its RBAC and
+    service-account caches still fill: a caller whose binding is not loaded yet reads as denied,
+    and so may this agent's own review create. Such an answer is no verdict: 503, ask again."""
+    if refusal.allowed or readyz == 200:
+        return refusal
+    seen = "no answer" if readyz is None else f"HTTP {readyz}"
+    return AuthDecision(
+        503, f"unsettled, the apiserver is not ready (readyz: {seen}): {refusal.reason}", refusal.username
+    )
+
+
+# How long one request waits for its TokenReview, and then for its SubjectAccessReview, before
+# it is answered 503 AuthUnavailable.
+TOKENREVIEW_TIMEOUT_S = 5.0
+# How long a 200 from /readyz vouches for the refusals that follow: refusals are rare, and this
+# bounds the extra calls a flood of bad tokens makes.
+READYZ_TRUST_S = 1.0
+
+
+class _Answers:
+    """Decisions kept briefly (allowed ones longer) so a rollout's polling does not flood the
+    apiserver; bounded by sweeping expired entries."""
+
+    def __init__(self, ttl_seconds: float, negative_ttl_seconds: float) -> None:
+        self._ttl = ttl_seconds
+        self._negative_ttl = negative_ttl_seconds
+        self._kept: dict[Any, tuple[float, AuthDecision]] = {}
+
+    def get(self, key: Any) -> AuthDecision | None:
+        kept = self._kept.get(key)
+        return kept[1] if kept and kept[0] > time.monotonic() else None
+
+    def put(self, key: Any, decision: AuthDecision) -> AuthDecision:
+        now = time.monotonic()
+        if len(self._kept) > 1024:
+            self._kept = {k: v for k, v in self._kept.items() if v[0] > now}
+        self._kept[key] = (now + (self._ttl if decision.allowed else self._negative_ttl), decision)
+        return decision
+
+
+async def _review(call: Callable[..., Awaitable[Any]], body: Any, what: str) -> dict[str, Any] | int | None:
+    """POST one review; its status object, or the HTTP status it failed with (None: no answer
+    within TOKENREVIEW_TIMEOUT_S or no connection)."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    try:
+        # Raw JSON rather than the generated model: the decision needs a few fields, and
+        # model validation quirks must not turn into a 500.
+        response = await call(body, _preload_content=False, _request_timeout=TOKENREVIEW_TIMEOUT_S)
+        try:
+            payload = json.loads(await response.read())
+        finally:
+            response.release()
+    except ApiException as exc:
+        log.warning("%s failed: %s %s", what, exc.status, exc.reason)
+        return int(exc.status or 0) or None
+    except (OSError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        log.warning("%s failed: %r", what, exc)
+        return None
+    status = payload.get("status") if isinstance(payload, dict) else None
+    return status if isinstance(status, dict) else {}
+
+
+async def _readyz(api_client: Any) -> int | None:
+    """The HTTP status of the apiserver's /readyz (None: no answer)."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    try:
+        response = await api_client.call_api(
+            "/readyz",
+            "GET",
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=TOKENREVIEW_TIMEOUT_S,
+        )
+        response.release()
+        return int(response.status)
+    except ApiException as exc:
+        return int(exc.status or 0) or None
+    except (OSError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        log.warning("apiserver /readyz failed: %r", exc)
+        return None
+
+
+@dataclass(frozen=True)
+class AccessReviewTarget:
+    """This agent as RBAC sees it: its pod's namespace and name."""
+
+    namespace: str
+    name: str | None = None
+
+
+class TokenReviewAuthenticator:
+    """TokenReview for who the caller is, then SubjectAccessReview on ``target`` for what it may
+    do; or, with ``allowed_usernames`` (the fallback), the allow-list, ``relay_usernames``
+    reading the relay only."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        audience: str,
+        allowed_usernames: Collection[str] = (),
+        *,
+        target: AccessReviewTarget | None = None,
+        relay_usernames: Collection[str] = (),
+        ttl_seconds: float = 60.0,
+        negative_ttl_seconds: float = 5.0,
+    ) -> None:
+        if (target is None) == (not allowed_usernames):
+            raise ValueError("authorize by SubjectAccessReview (target) or by allowed_usernames, one of them")
+        self._api = api_client
+        self._audience = audience
+        self._target = target
+        self._allowed = frozenset(allowed_usernames) | frozenset(relay_usernames)
+        self.relay_only = frozenset(relay_usernames) - frozenset(allowed_usernames)
+        self._reviews = _Answers(ttl_seconds, negative_ttl_seconds)
+        self._access = _Answers(ttl_seconds, negative_ttl_seconds)
+        self._ready_until = 0.0
+
+    async def authenticate(self, token: str, method: str, path: str) -> AuthDecision:
+        key = hashlib.sha256(token.encode()).hexdigest()
+        identity = self._reviews.get(key) or await self._token_review(key, token)
+        if not identity.allowed:
+            return identity
+        user, target = identity.user, self._target
+        if target is None or user is None:
+            return scoped(identity, path, self.relay_only)
+        access = access_for(method, path)
+        return self._access.get((key, access)) or await self._access_review(key, user, target, access)
+
+    async def _token_review(self, key: str, token: str) -> AuthDecision:
+        from kubernetes_asyncio import client
+
+        allowed = None if self._target is not None else self._allowed
+        body = client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token, audiences=[self._audience]))
+        status = await _review(client.AuthenticationV1Api(self._api).create_token_review, body, "TokenReview")
+        if not isinstance(status, dict):
+            return await self._settled(review_failed(status))
+        decision = decide_token_review(status, self._audience, allowed)
+        if decision.status == 401:  # the apiserver's word (our allow-list's is final)
+            decision = await self._settled(decision)
+        return decision if decision.status == 503 else self._reviews.put(key, decision)
+
+    async def _access_review(
+        self, key: str, user: UserInfo, target: AccessReviewTarget, access: Access
+    ) -> AuthDecision:
+        from kubernetes_asyncio import client
+
+        body = access_review(user, access, target.namespace, target.name)
+        create = client.AuthorizationV1Api(self._api).create_subject_access_review
+        status = await _review(create, body, "SubjectAccessReview")
+        if not isinstance(status, dict):
+            return await self._settled(review_failed(status, "access review", refused=403))
+        decision = await self._settled(decide_access_review(status, user, access, target.namespace))
+        return decision if decision.status == 503 else self._access.put((key, access), decision)
+
+    async def _settled(self, decision: AuthDecision) -> AuthDecision:
+        if decision.allowed or decision.status == 503 or time.monotonic() < self._ready_until:
+            return decision
+        readyz = await _readyz(self._api)
+        if readyz == 200:
+            self._ready_until = time.monotonic() + READYZ_TRUST_S
+        return settle_refusal(decision, readyz)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class _Rejection:
+    error: ErrorCode
+    metric: str  # the `reason` label of the auth-failure counter
+    headers: dict[str, str]
+
+
+_REJECTIONS = {
+    401: _Rejection(ErrorCode.UNAUTHORIZED, "invalid", {"WWW-Authenticate": 'Bearer error="invalid_token"'}),
+    403: _Rejection(ErrorCode.FORBIDDEN, "forbidden", {}),
+    # Not the caller's fault and nothing was done: it may call again (the operator does).
+    503: _Rejection(ErrorCode.AUTH_UNAVAILABLE, "unavailable", {"Retry-After": "1"}),
+}
+
+
+def auth_middleware(
+    authenticator: Authenticator | None, on_reject: Callable[[str], None] = lambda _reason: None
+) -> Middleware:
+    """`authenticator=None` means auth is off (explicit `--no-auth`)."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if authenticator is None or request.path in OPEN_PATHS:
+            return await handler(request)
+        token = bearer_token(request.headers.get("Authorization"))
+        if token is None:
+            on_reject("missing")
+            return web.json_response(
+                {"error": ErrorCode.UNAUTHORIZED, "message": "missing bearer token"},
+                status=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        decision = await authenticator.authenticate(token, request.method, request.path)
+        if not decision.allowed:
+            reject = _REJECTIONS.get(decision.status, _REJECTIONS[401])
+            on_reject(reject.metric)
+            body = {"error": reject.error, "message": decision.reason}
+            return web.json_response(body, status=decision.status, headers=reject.headers)
+        return await handler(request)
+
+    return middleware

@@ -1,0 +1,276 @@
+"""`mooncake://host:port` sources: bytes move through the Mooncake transfer engine.
+
+`host:port` is the server's HTTP control endpoint (`ckpt-rollout serve --mooncake ...`, or a
+relaying agent): one `GET /v1/mooncake/<version>` returns the manifest and where each shard
+sits in the server's registered memory (see `ckpt_agent.transport.mooncake.descriptor`). Reads are
+batched `batch_transfer_sync_read` calls from the server's memory straight into the caller's
+buffer when that buffer is registered (the loader registers its staging arena and stream
+buffer), else through a registered bounce buffer: RDMA can only land bytes in registered memory.
+
+A version's non-weight files (config, tokenizer, index: small, read once) are not in the
+descriptor; they come over plain HTTP from the same endpoint, where both a source
+(`/<version>/<file>`) and a relaying agent (`/v1/relay/<version>/<file>`) serve them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import http.client
+import time
+from collections.abc import Callable
+from urllib.parse import quote, urlsplit
+
+import numpy as np
+
+from ckpt_agent.common.errors import LoadError, Reason
+from ckpt_agent.formats.manifest import DEFAULT_MAX_MANIFEST_BYTES
+from ckpt_agent.transport.base import ByteStream, EmptyStream
+from ckpt_agent.transport.guard import guard
+from ckpt_agent.transport.http import HttpTransport
+from ckpt_agent.transport.mooncake import runtime
+from ckpt_agent.transport.mooncake.descriptor import (
+    Descriptor,
+    ExportedFile,
+    InvalidDescriptor,
+    parse_descriptor,
+)
+from ckpt_api.source_policy import SourcePolicy
+
+DESCRIPTOR_PATH = "/v1/mooncake"
+_BOUNCE_BYTES = 4 << 20
+# Per-shard extents of a relayed version make the descriptor larger than the manifest.
+_DESCRIPTOR_SLACK = 2
+
+
+class _MooncakeStream:
+    # See reader._read_tensor: one batched transfer per tensor, not per chunk.
+    prefers_whole_tensors = True
+
+    def __init__(
+        self,
+        engine: runtime.MooncakeEngine,
+        session: str,
+        shard: ExportedFile,
+        name: str,
+        start: int,
+        end: int,
+        wait_ready: Callable[[int, int], None] | None = None,
+    ) -> None:
+        # `wait_ready(lo, hi)`: returns once a peer still loading has verified bytes [lo, hi).
+        self._wait_ready = wait_ready
+        self._engine = engine
+        self._session = session
+        self._extents = shard.extents
+        self._offsets = [e.file_offset for e in shard.extents]
+        self._name = name
+        self._pos = start
+        self._end = end
+        self._bounce: np.ndarray | None = None
+
+    def _plan(self, pos: int, nbytes: int) -> list[tuple[int, int, int]]:
+        """(offset in the read, remote address, length) for the covered parts of [pos, pos+nbytes)."""
+        pieces = []
+        i = max(bisect.bisect_right(self._offsets, pos) - 1, 0)
+        end = pos + nbytes
+        while i < len(self._extents) and self._extents[i].file_offset < end:
+            ext = self._extents[i]
+            lo, hi = max(pos, ext.file_offset), min(end, ext.file_end)
+            if lo < hi:
+                pieces.append((lo - pos, ext.addr + lo - ext.file_offset, hi - lo))
+            i += 1
+        return pieces
+
+    def _transfer(self, local: int, pos: int, nbytes: int, dest: memoryview) -> None:
+        pieces = self._plan(pos, nbytes)
+        covered = sum(p[2] for p in pieces)
+        if covered < nbytes:
+            # Bytes between tensors (header, padding) are not published: not tensor data.
+            dest[:nbytes] = bytes(nbytes)
+        if not pieces:
+            return
+        rc = self._engine.read(
+            self._session, [local + p[0] for p in pieces], [p[1] for p in pieces], [p[2] for p in pieces]
+        )
+        if rc < 0:
+            raise LoadError(
+                Reason.SOURCE_UNREACHABLE,
+                f"mooncake read of {self._name} bytes {pos}-{pos + nbytes} from {self._session} "
+                f"failed (rc={rc})",
+            )
+
+    def readinto(self, buf: memoryview) -> None:
+        want = buf.nbytes
+        if self._pos + want > self._end:
+            raise ValueError("read past the end of the requested range")
+        if want == 0:
+            return
+        if self._wait_ready is not None:
+            self._wait_ready(self._pos, self._pos + want)
+        local = runtime.address_of(buf)
+        if self._engine.covers(local, want):
+            self._transfer(local, self._pos, want, buf)
+        else:
+            bounce = self._bounce_buffer()
+            view = bounce.data
+            addr = int(bounce.ctypes.data)
+            for off in range(0, want, bounce.nbytes):
+                step = min(bounce.nbytes, want - off)
+                self._transfer(addr, self._pos + off, step, view[:step])
+                buf[off : off + step] = view[:step]
+        self._pos += want
+
+    def _bounce_buffer(self) -> np.ndarray:
+        if self._bounce is None:
+            self._bounce = np.empty(_BOUNCE_BYTES, dtype=np.uint8)
+            self._engine.register(int(self._bounce.ctypes.data), self._bounce.nbytes)
+        return self._bounce
+
+    def close(self) -> None:
+        if self._bounce is not None:
+            self._engine.unregister(int(self._bounce.ctypes.data))
+            self._bounce = None
+
+
+class MooncakeTransport:
+    def __init__(
+        self,
+        uri: str,
+        *,
+        bearer: str | None = None,
+        timeout: float = 30.0,
+        files_path: str = "",
+        policy: SourcePolicy | None = None,
+    ) -> None:
+        """`files_path`: where the endpoint serves a version's files over HTTP ("" for a
+        source, the relay prefix for a peer agent). `policy`: a source's (a peer's has none)."""
+        parts = urlsplit(uri)
+        if parts.scheme != "mooncake" or not parts.hostname or parts.port is None:
+            raise ValueError(f"not a mooncake://host:port URI: {uri!r}")
+        runtime.check_available()
+        self.uri = uri
+        self._host = parts.hostname
+        self._port = parts.port
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        self._files = HttpTransport(
+            f"http://{host}:{self._port}{files_path}", timeout=timeout, bearer=bearer, policy=policy
+        )
+        self._policy = policy
+        self._headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
+        self._timeout = timeout
+        self._descriptors: dict[str, Descriptor] = {}
+        self._registered: list[tuple[runtime.MooncakeEngine, int]] = []
+        # A peer agent's copy may be a load still running (pipelined relay), until it says not.
+        self._peer = bool(files_path)
+        self._complete: set[str] = set()
+
+    def _descriptor(self, version: str, max_manifest_bytes: int) -> Descriptor:
+        cached = self._descriptors.get(version)
+        if cached is not None:
+            return cached
+        conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
+        if self._policy is not None:
+            guard(conn, self.uri, self._policy)
+        try:
+            conn.request("GET", f"{DESCRIPTOR_PATH}/{quote(version)}", headers=self._headers)
+            resp = conn.getresponse()
+            cap = max_manifest_bytes * _DESCRIPTOR_SLACK + (1 << 20)
+            body = resp.read(cap + 1)
+        except (OSError, http.client.HTTPException) as exc:
+            raise LoadError(Reason.SOURCE_UNREACHABLE, f"{self.uri}: {exc}") from None
+        finally:
+            conn.close()
+        if resp.status == 404:
+            # The body is not echoed: a source may be any host, and its replies are not ours to show.
+            raise LoadError(Reason.VERSION_NOT_FOUND, f"version {version} not found at {self.uri}")
+        if resp.status != 200:
+            raise LoadError(Reason.SOURCE_UNREACHABLE, f"{self.uri} answered HTTP {resp.status}")
+        if len(body) > cap:
+            raise LoadError(
+                Reason.MANIFEST_TOO_LARGE, f"the mooncake descriptor of {version} exceeds {cap} bytes"
+            )
+        try:
+            descriptor = parse_descriptor(body)
+        except InvalidDescriptor as exc:
+            raise LoadError(Reason.SOURCE_UNREACHABLE, f"{self.uri} sent a bad descriptor: {exc}") from None
+        self._descriptors[version] = descriptor
+        return descriptor
+
+    def fetch_manifest(self, version: str, max_bytes: int) -> bytes:
+        raw = self._descriptor(version, max_bytes).manifest
+        if len(raw) > max_bytes:
+            raise LoadError(
+                Reason.MANIFEST_TOO_LARGE, f"manifest of {version} exceeds the {max_bytes}-byte cap"
+            )
+        return raw
+
+    def _engine(self, protocol: runtime.Protocol) -> runtime.MooncakeEngine:
+        try:
+            return runtime.engine_for(protocol)
+        except runtime.MooncakeUnavailable as exc:
+            raise LoadError(Reason.SOURCE_UNREACHABLE, str(exc)) from None
+
+    def register_buffer(self, version: str, buf: memoryview) -> Callable[[], None]:
+        """Register a destination buffer with the engine that reads `version`, so reads land
+        in it directly; the returned call unregisters it (`close` does too)."""
+        if buf.nbytes == 0:
+            return lambda: None
+        engine = self._engine(self._descriptor(version, DEFAULT_MAX_MANIFEST_BYTES).protocol)
+        addr = runtime.address_of(buf)
+        engine.register(addr, buf.nbytes)
+        entry = (engine, addr)
+        self._registered.append(entry)
+
+        def unregister() -> None:
+            if entry in self._registered:
+                self._registered.remove(entry)
+                engine.unregister(addr)
+
+        return unregister
+
+    def open_range(self, version: str, file: str, start: int, end: int) -> ByteStream:
+        if start == end:
+            return EmptyStream()
+        descriptor = self._descriptor(version, DEFAULT_MAX_MANIFEST_BYTES)
+        shard = descriptor.files.get(file)
+        if shard is None:
+            # Not a registered shard: an extra file, or a shard the source could not map (its
+            # HTTP side then answers 404, TruncatedShard, as a missing shard should).
+            return self._files.open_range(version, file, start, end)
+        if shard.size < end:
+            raise LoadError(
+                Reason.TRUNCATED_SHARD, f"shard {file} at {self.uri} is {shard.size} bytes, need {end}"
+            )
+        engine = self._engine(descriptor.protocol)
+        waits = self._peer and version not in self._complete
+        return _MooncakeStream(
+            engine,
+            descriptor.session,
+            shard,
+            file,
+            start,
+            end,
+            wait_ready=(lambda lo, hi: self._wait_ready(version, file, lo, hi)) if waits else None,
+        )
+
+    def _wait_ready(self, version: str, file: str, start: int, end: int) -> None:
+        """A peer that relays while it loads registered memory it is still filling: read a
+        tensor only once it says it verified it, within this transport's timeout."""
+        if version in self._complete:
+            return
+        deadline = time.monotonic() + self._timeout
+        while True:
+            ready, complete = self._files.ready(version, file, start, end)
+            if complete:
+                self._complete.add(version)
+            if ready:
+                return
+            if time.monotonic() > deadline:
+                raise LoadError(
+                    Reason.SOURCE_UNREACHABLE,
+                    f"{self.uri} has not verified bytes {start}-{end} of {file} within {self._timeout:g}s",
+                )
+
+    def close(self) -> None:
+        for engine, addr in self._registered:
+            engine.unregister(addr)
+        self._registered.clear()
