@@ -10,10 +10,13 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckpt_agent.common.logformat import FORMATS, setup_logging
 from ckpt_api.constants import DEFAULT_AGENT_METRICS_PORT, DEFAULT_AGENT_PORT
+
+if TYPE_CHECKING:
+    from ckpt_agent.formats.manifest import OutputReference
 
 SubParsers = Any  # argparse._SubParsersAction is private; this is what add_parser is called on
 
@@ -38,24 +41,50 @@ def _add_logging_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_model_shape_arguments(p: argparse.ArgumentParser, context: str) -> None:
+    """The paddle reference model's shape: the agent builds it, `publish --example` fills it."""
+    p.add_argument("--model-hidden", type=int, default=64, help=f"{context}reference model width")
+    p.add_argument("--model-layers", type=int, default=2, help=f"{context}reference model depth")
+    p.add_argument("--model-outputs", type=int, default=8, help=f"{context}reference model outputs")
+
+
 # -- publish ---------------------------------------------------------------------------------------
 def _publish(args: argparse.Namespace) -> int:
-    import json
+    import tempfile
 
-    from ckpt_agent.source.publish import PublishError, publish_version, read_reference
-    from ckpt_agent.source.publish.progress import Bar, Lines, Reporter
+    from ckpt_agent.source.publish import PublishError, read_reference
 
+    if (args.src is None) == (args.example is None):
+        print("ckpt-rollout publish: give SRC or --example SEED (one of the two)", file=sys.stderr)
+        return 2
     try:
         reference = None if args.reference is None else read_reference(Path(args.reference))
     except PublishError as exc:
         print(f"ckpt-rollout publish: {exc}", file=sys.stderr)
         return 1
+    if args.src is not None:
+        return _publish_from(args, Path(args.src), reference)
+    from ckpt_agent.formats.synth import ReferenceModelSpec, published_reference, write_reference_checkpoint
+
+    # The reference engine's weights for this seed, and what its smoke check must see with them.
+    spec = ReferenceModelSpec(args.model_hidden, args.model_layers, args.model_outputs)
+    with tempfile.TemporaryDirectory(prefix="ckpt-example-") as scratch:
+        write_reference_checkpoint(scratch, args.example, spec)
+        return _publish_from(args, Path(scratch), reference or published_reference(spec, args.example))
+
+
+def _publish_from(args: argparse.Namespace, src: Path, reference: OutputReference | None) -> int:
+    import json
+
+    from ckpt_agent.source.publish import PublishError, publish_version
+    from ckpt_agent.source.publish.progress import Bar, Lines, Reporter
+
     # A terminal gets a live bar; logs and CI get one line per file, both on stderr so stdout
     # stays the digest (or the --json summary) that scripts read.
     reporter: Reporter = Bar(f"publish {args.version}") if sys.stderr.isatty() else Lines()
     try:
         result = publish_version(
-            Path(args.src),
+            src,
             args.version,
             Path(args.out),
             shard_bytes=args.shard_mb << 20,
@@ -271,9 +300,7 @@ def _add_agent_parser(sub: SubParsers) -> None:
     p.add_argument("--chunk-mb", type=int, default=4, help="read size per transport call")
     p.add_argument("--parallelism", type=int, default=1, help="concurrent streams for staged loads")
     p.add_argument("--max-manifest-mb", type=int, default=64)
-    p.add_argument("--model-hidden", type=int, default=64, help="reference model width")
-    p.add_argument("--model-layers", type=int, default=2, help="reference model depth")
-    p.add_argument("--model-outputs", type=int, default=8)
+    _add_model_shape_arguments(p, "")
     p.add_argument(
         "--paddle-weights",
         metavar="PATH",
@@ -400,9 +427,19 @@ def add_commands(sub: SubParsers) -> None:
     p.add_argument(
         "src",
         metavar="SRC",
+        nargs="?",
         help="a Hugging Face model directory (*.safetensors, index, config, tokenizer...), "
         "one .safetensors file, or a paddle state dict file",
     )
+    p.add_argument(
+        "--example",
+        type=int,
+        metavar="SEED",
+        help="instead of SRC: weights of the paddle reference engine (`--engine=paddle`) drawn "
+        "from SEED, with its smoke-check reference; tensors layers.<i>.weight [hidden, hidden], "
+        "layers.<i>.bias [hidden], head.weight [hidden, outputs], head.bias [outputs], float32",
+    )
+    _add_model_shape_arguments(p, "--example: as the agent's ")
     p.add_argument("--version", required=True, help="version name, e.g. global_step_1200")
     p.add_argument("--out", required=True, metavar="ROOT", help="root of the published tree")
     p.add_argument("--shard-mb", type=int, default=4096, help="shard size when writing a state dict")
