@@ -1,1 +1,1 @@
-"""Engine adapters: what performs the final apply of a version (see ARCHITECTURE.md)."""
+"""Engine adapters: what performs the final apply of a version (see docs/architecture.md)."""
