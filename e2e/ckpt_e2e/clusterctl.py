@@ -101,11 +101,39 @@ def cmd_run(state: Path, nodes: int, real_node: bool = False) -> int:
     return 0
 
 
+def env_lines(state: Path) -> list[str]:
+    """What a shell needs to use the cluster in ``state``: its kubeconfig, and kubectl, helm and
+    ckpt-rollout on PATH (README: `eval "$(make -s cluster-env)"`)."""
+    tools = resolve(["kubectl", "helm"])
+    dirs = [str(path.parent) for path in tools.values()]
+    venv = Path(sys.executable).parent  # the interpreter make ran: the project's venv when set up
+    if (venv / "ckpt-rollout").exists():
+        dirs.append(str(venv))
+    path = ":".join(dict.fromkeys(dirs))
+    return [f"export KUBECONFIG={(state / 'kubeconfig').resolve()}", f'export PATH="{path}:$PATH"']
+
+
+def _usage(state: Path) -> str:
+    return "\n".join(
+        [
+            'to use it: eval "$(make -s cluster-env)", which runs:',
+            *(f"  {line}" for line in env_lines(state)),
+        ]
+    )
+
+
+def cmd_env(state: Path) -> int:
+    if _read_pid(state) is None or not (state / "kubeconfig").exists():
+        print(f"cluster-env: no local cluster running (state {state}); make cluster-up", file=sys.stderr)
+        return 1
+    print("\n".join(env_lines(state)))
+    return 0
+
+
 def cmd_up(state: Path, nodes: int, timeout: float, real_node: bool = False) -> int:
     kubeconfig = state / "kubeconfig"
-    export = f"export KUBECONFIG={kubeconfig.resolve()}"
     if _read_pid(state) is not None and kubeconfig.exists():
-        print(f"cluster already running.\n{export}")
+        print(f"cluster already running.\n{_usage(state)}")
         return 0
     try:  # provision in the foreground so build errors and progress reach the terminal
         resolve([*_binaries(real_node), "kubectl"])
@@ -150,7 +178,7 @@ def cmd_up(state: Path, nodes: int, timeout: float, real_node: bool = False) -> 
         )
         return 1
     print(log.read_text(errors="replace").strip().splitlines()[-1])
-    print(export)
+    print(_usage(state))
     return 0
 
 
@@ -182,7 +210,7 @@ def _pythonpath() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=["up", "down", "run"])
+    parser.add_argument("action", choices=["up", "down", "run", "env"])
     parser.add_argument("--state-dir", type=Path, default=Path(".cluster"))
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=180.0)
@@ -193,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     args.state_dir.mkdir(parents=True, exist_ok=True)
+    if args.action == "env":
+        return cmd_env(args.state_dir)
     if args.action == "run":
         return cmd_run(args.state_dir, args.nodes, args.real_node)
     if args.action == "up":

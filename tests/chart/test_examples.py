@@ -35,7 +35,8 @@ def _worker_container() -> Obj:
 
 
 def _flags(args: list[str]) -> dict[str, str]:
-    return dict(a.removeprefix("--").split("=", 1) for a in args if a.startswith("--"))
+    """--name=value -> {name: value}; a switch (--name) -> {name: ""}."""
+    return {k: v for k, _, v in (a.removeprefix("--").partition("=") for a in args if a.startswith("--"))}
 
 
 def test_checkpointrollout_example_is_a_valid_spec() -> None:
@@ -153,3 +154,73 @@ def test_the_worker_podmonitor_scrapes_the_agents_metrics_port() -> None:
         == DEFAULT_AGENT_METRICS_PORT
     )
     assert endpoint["path"] == "/metrics"
+
+
+def test_worker_example_waits_for_a_rollout_before_it_is_ready() -> None:
+    """A new pod is not Ready before a rollout confirms its version: the readiness gate, and the
+    agent holding WeightsReady False until then (not serving its engine's boot weights)."""
+    from ckpt_agent.cli import build_parser
+
+    pod = _one(EXAMPLES / "worker-deployment.yaml", "Deployment")["spec"]["template"]["spec"]
+    assert pod["readinessGates"] == [{"conditionType": WEIGHTS_READY_CONDITION}]
+    args = build_parser().parse_args(["agent", *_worker_container()["args"]])
+    assert args.await_rollout is True
+    assert args.initial_version is None
+
+
+def _cpu(quantity: str) -> float:
+    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+def test_the_examples_fit_a_two_core_node_beside_the_operator() -> None:
+    """README's first rollout runs every example pod and the operator on one 2-core node."""
+    deployments = [
+        _one(EXAMPLES / "worker-deployment.yaml", "Deployment"),
+        _one(EXAMPLES / "checkpoint-source.yaml", "Deployment"),
+    ]
+    requested = sum(
+        d["spec"]["replicas"] * _cpu(c["resources"]["requests"]["cpu"])
+        for d in deployments
+        for c in d["spec"]["template"]["spec"]["containers"]
+    )
+    operator = _cpu(ChartValues().resources.requests["cpu"])
+    assert requested + operator <= 2 * 0.8  # room for what else the node runs
+
+
+def test_the_checkpoint_source_is_what_the_workers_and_the_rollout_name() -> None:
+    from urllib.parse import urlsplit
+
+    from ckpt_agent.cli import build_parser
+
+    service = _one(EXAMPLES / "checkpoint-source.yaml", "Service")
+    deployment = _one(EXAMPLES / "checkpoint-source.yaml", "Deployment")
+    (port,) = service["spec"]["ports"]
+    assert service["spec"]["selector"] == deployment["spec"]["template"]["metadata"]["labels"]
+    (serve,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert serve["command"][:4] == ["python", "-m", "ckpt_agent", "serve"]
+    args = build_parser().parse_args(serve["command"][3:])
+    assert args.host == "0.0.0.0"  # reachable through the Service, not only on loopback
+    assert {p["name"]: p["containerPort"] for p in serve["ports"]}[port["targetPort"]] == args.port
+    mounts = {m["mountPath"] for m in serve["volumeMounts"]}
+    assert args.root in mounts
+    cr = _one(EXAMPLES / "checkpointrollout.yaml", "CheckpointRollout")
+    name = service["metadata"]["name"]
+    for uri in (cr["spec"]["source"]["uri"], _flags(_worker_container()["args"])["source"]):
+        parts = urlsplit(uri)
+        assert parts.hostname in (name, f"{name}.rl.svc"), uri
+        assert parts.port == port["port"], uri
+
+
+def test_the_examples_kustomization_holds_the_workers_and_their_source() -> None:
+    kustomization = yaml.safe_load((EXAMPLES / "kustomization.yaml").read_text())
+    assert sorted(kustomization["resources"]) == ["checkpoint-source.yaml", "worker-deployment.yaml"]
+    local = yaml.safe_load((ROOT / "local" / "kustomization.yaml").read_text())
+    assert local["resources"] == ["../examples"]
+
+
+def test_the_local_values_pass_the_schema(helm: Helm) -> None:
+    """local/values.yaml (README's first rollout): chart keys only, and it renders."""
+    values = yaml.safe_load((ROOT / "local" / "values.yaml").read_text())
+    ChartValues.model_validate(values, strict=True)
+    rendered = helm.template(values, release=STATIC_RELEASE, namespace=STATIC_NAMESPACE)
+    assert rendered.one("Deployment", STATIC_RELEASE, STATIC_NAMESPACE)
