@@ -218,6 +218,9 @@ class EventReason(StrEnum):
     PAUSED = "Paused"
     RESUMED = "Resumed"
     WORKER_FAILED = "WorkerFailed"
+    # A worker the rollout waits on makes no progress (its agent cannot check the operator's
+    # token, cannot be reached; its pod cannot start): the cause, once per pod and cause.
+    WORKER_STALLED = "WorkerStalled"
     SELECTOR_CONFLICT = "SelectorConflict"
     DRIFT_CORRECTION = "DriftCorrection"
     ROLLOUT_COMPLETED = "RolloutCompleted"

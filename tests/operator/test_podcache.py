@@ -32,6 +32,13 @@ def test_only_running_pods_with_an_ip_that_are_not_deleted_count() -> None:
     assert (pod.name, pod.ip, dict(pod.labels)) == ("a", "127.1.0.9", {"app": "w"})
 
 
+def _creating(name: str, waiting: str = "ContainerCreating") -> dict[str, Any]:
+    """A pending pod whose container waits for ``waiting``."""
+    pod = _pod(name, None, "Pending")
+    pod["status"]["containerStatuses"] = [{"name": "agent", "state": {"waiting": {"reason": waiting}}}]
+    return pod
+
+
 class StandIn:
     """Serves pods of namespace rl: a two-page list, then scripted watch streams."""
 
@@ -106,8 +113,10 @@ async def test_list_then_watch_then_relist_after_410(standin: tuple[StandIn, cli
     try:
         await asyncio.wait_for(cache.wait_synced(), 5)
         await _until(lambda: server.lists == 2, "a relist after the 410")
-        # After the relist the cache holds exactly the listed callable pods again.
+        # After the relist the cache holds exactly the listed callable pods again, and the
+        # pod not Running yet among those waiting to start.
         await _until(lambda: sorted(p.name for p in cache.get("rl")) == ["a", "b"], "the relisted pods")
+        assert [p["metadata"]["name"] for p in cache.waiting("rl")] == ["c"]
         assert server.watch_versions[:2] == ["10", "17"], "the second watch resumes from the bookmark"
         assert cache.get("other") == []
     finally:
@@ -129,6 +138,7 @@ async def test_watch_events_update_the_cache(standin: tuple[StandIn, client.ApiC
         await asyncio.wait_for(cache.wait_synced(), 5)
         await _until(lambda: [p.name for p in cache.get("rl")] == ["c"], "the watched changes")
         assert cache.get("rl")[0].ip == "127.1.0.3"
+        assert cache.waiting("rl") == [], "c runs now; b, being deleted, will never start"
     finally:
         task.cancel()
 
@@ -142,7 +152,11 @@ async def test_watch_events_update_the_cache(standin: tuple[StandIn, client.ApiC
         ("MODIFIED", _pod("a", phase="Failed"), True),  # no longer callable
         ("DELETED", _pod("a"), True),
         ("ADDED", _pod("new", "127.1.0.8"), True),
-        ("ADDED", _pod("new", None, "Pending"), False),  # not callable yet: nothing to act on
+        # Not callable yet, but why it cannot start may be shown (domain.troubles.pod_trouble).
+        ("ADDED", _pod("new", None, "Pending"), True),
+        ("MODIFIED", _creating("p"), False),  # nothing about its start changed
+        ("MODIFIED", _creating("p", "ImagePullBackOff"), True),
+        ("DELETED", _creating("p"), True),  # no longer one to show
         ("DELETED", _pod("never-seen"), False),
     ],
 )
@@ -151,6 +165,7 @@ async def test_daemons_wake_only_for_changes_a_rollout_reads(
 ) -> None:
     cache = PodCache(client.ApiClient(), ["rl"])
     cache.apply("ADDED", _pod("a", "127.1.0.1"))
+    cache.apply("ADDED", _creating("p"))
     woken, elsewhere = asyncio.Event(), asyncio.Event()
     cache.subscribe("rl", woken)
     cache.subscribe("other", elsewhere)

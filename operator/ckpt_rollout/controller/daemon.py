@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 RETRY_S = 2.0  # after an API error or an unreachable apiserver
 REJECTED_RETRY_S = 10.0  # after a spec or status the models reject
+WAITING_LOOK_S = 5.0  # while pods of the namespace are not Running yet
 
 
 class Waker:
@@ -116,9 +117,14 @@ class RolloutLoops:
                     delay = None
                     if resolved is not None:
                         peers = list(peers_index.get(namespace, []))
+                        waiting = self.pods.waiting(namespace)
                         stepped, delay = await self.reconciler.step(
-                            resolved, self.pods.get(namespace), memory, emit, peers
+                            resolved, self.pods.get(namespace), memory, emit, peers, waiting
                         )
+                        if waiting:
+                            # A pod still creating its containers is named once it has taken
+                            # too long, which no pod event announces: look again by then.
+                            delay = min(delay if delay is not None else WAITING_LOOK_S, WAITING_LOOK_S)
                         if stepped is not resolved:
                             written = stepped
                             waker.written = resource_version(stepped)

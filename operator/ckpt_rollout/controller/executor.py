@@ -22,7 +22,8 @@ from ckpt_rollout.domain.mergepatch import merge_diff
 from ckpt_rollout.domain.outcomes import Outcome, pulled_outcome
 from ckpt_rollout.domain.plan import Call, Measure, Meta, Plan, Pull, Rollout
 from ckpt_rollout.domain.selectors import selector_matches
-from ckpt_rollout.domain.world import Memory, Now, Peer, Pod, Tuning, rfc3339
+from ckpt_rollout.domain.troubles import pod_trouble
+from ckpt_rollout.domain.world import Memory, Now, Peer, Pod, Tuning, parse_time, rfc3339
 from ckpt_rollout.io import metrics, promquery
 from ckpt_rollout.io.agent_client import AgentClient, CallResult
 from ckpt_rollout.io.kube import RolloutApi
@@ -32,10 +33,21 @@ log = logging.getLogger(__name__)
 Emit = Callable[[str, str, str], None]  # (type, reason, message)
 
 
-def rollout_from(obj: dict[str, Any], pods: list[Pod], peers: list[Peer]) -> Rollout:
-    """The typed view of a CR as the apiserver returned it."""
+def rollout_from(
+    obj: dict[str, Any], pods: list[Pod], peers: list[Peer], waiting: list[dict[str, Any]] | None = None
+) -> Rollout:
+    """The typed view of a CR as the apiserver returned it. ``waiting``: pods (as the apiserver
+    returned them) not Running yet, of which those that cannot start are the rollout's stuck ones."""
     meta = obj["metadata"]
     spec = CheckpointRolloutSpec.model_validate(obj["spec"])
+    stuck = {}
+    for pod in waiting or []:
+        pod_meta = pod.get("metadata") or {}
+        if not selector_matches(spec.selector, pod_meta.get("labels") or {}):
+            continue
+        trouble = pod_trouble(pod, time.time(), parse_time(pod_meta.get("creationTimestamp")))
+        if trouble is not None:
+            stuck[str(pod_meta.get("name"))] = trouble
     return Rollout(
         meta=Meta(
             namespace=meta["namespace"],
@@ -49,6 +61,7 @@ def rollout_from(obj: dict[str, Any], pods: list[Pod], peers: list[Peer]) -> Rol
         status=CheckpointRolloutStatus.model_validate(obj.get("status") or {}),
         pods={p.name: p for p in pods if selector_matches(spec.selector, p.labels)},
         peers=tuple(peers),
+        stuck=stuck,
     )
 
 
@@ -79,10 +92,11 @@ class Reconciler:
         memory: Memory,
         emit: Emit,
         peers: list[Peer] | None = None,
+        waiting: list[dict[str, Any]] | None = None,
     ) -> tuple[dict[str, Any], float | None]:
         """One step. Returns the CR as last written (or ``obj``) and when to look again
         (None: when the CR or its pods change)."""
-        rollout = rollout_from(obj, pods, peers or [])
+        rollout = rollout_from(obj, pods, peers or [], waiting)
         rollout = _trusted(rollout, memory)
         now = Now(wall=time.time(), mono=time.monotonic())
         plan = decide(rollout, memory, self.tuning, now)
@@ -175,20 +189,23 @@ def record_call(
     memory: Memory, call: Call, result: CallResult, tuning: Tuning, now: float, stamp: str
 ) -> None:
     """What an update_weights answer tells the next step."""
-    if not result.connected or result.deferred:
+    trouble = result.trouble()
+    if trouble is not None and trouble.retried:
         # Nobody listens yet (a pod that just started, its agent still booting), or the agent
         # could not review our token while the apiserver is away: the request did nothing, so
         # calling again is safe. The worker timeout runs from the first attempt and bounds the
-        # wait.
+        # wait; meanwhile the cause is shown (domain.stalls).
+        memory.troubles[call.pod] = trouble
         memory.call_times.setdefault(call.pod, now)
         memory.busy_until[call.pod] = now + tuning.busy_retry_s
         return
+    memory.troubles.pop(call.pod, None)
     memory.call_times[call.pod] = now
     if result.busy:
         # Another load runs (e.g. a superseded version): it finishes first, then we call.
         memory.busy_until[call.pod] = now + tuning.busy_retry_s
     elif not result.accepted:
-        reason, message = describe(result)
+        reason, message = (trouble.reason, trouble.message) if trouble is not None else describe(result)
         rollout = call.request.rollout
         wave = rollout.wave if rollout is not None else 0
         memory.heard[call.pod] = failure_entry(call.request.version, wave, reason, message, stamp)
@@ -198,7 +215,12 @@ def record_pull(memory: Memory, pull: Pull, result: CallResult, now: float, stam
     """What a /v1/status answer tells the next step."""
     memory.last_pull[pull.pod] = now
     if not result.accepted or result.agent_status is None:
-        return  # unreachable for now: the worker timeout decides
+        # Unreachable for now (the worker timeout decides): why is shown meanwhile.
+        trouble = result.trouble()
+        if trouble is not None:
+            memory.troubles[pull.pod] = trouble
+        return
+    memory.troubles.pop(pull.pod, None)
     outcome, reason, message = pulled_outcome(result.agent_status, target=pull.version)
     last = result.agent_status.last_load
     moved = last if last is not None and last.version == pull.version else None

@@ -13,6 +13,7 @@ from ckpt_api.spec import CheckpointRolloutSpec
 from ckpt_api.status import CheckpointRolloutStatus, Condition, WaveStatus, WorkerStatus
 from ckpt_api.vocabulary import EventReason, EventType, WaveKind, WavePhase, WorkerPhase
 from ckpt_rollout.domain.conditions import Verdict, evaluate_conditions
+from ckpt_rollout.domain.troubles import Trouble
 from ckpt_rollout.domain.world import Memory, Now, Peer, Pod, Tuning
 
 
@@ -35,6 +36,8 @@ class Rollout:
     status: CheckpointRolloutStatus
     pods: Mapping[str, Pod]  # Running, with an IP, matching spec.selector
     peers: tuple[Peer, ...] = ()
+    # Selected pods that are not Running and cannot start, with why.
+    stuck: Mapping[str, Trouble] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

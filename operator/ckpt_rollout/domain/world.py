@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ckpt_api.status import WorkerStatus
+from ckpt_rollout.domain.troubles import Trouble
 
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
@@ -110,6 +111,9 @@ class Memory:
     measured: tuple[str, tuple[QueryAnswer, ...]] | None = None
     # status.workers entries ignored (entry_trust), as "pod: why": each is logged once.
     ignored: set[str] = field(default_factory=set)
+    # Why a pod's last call or pull made no progress (an answer such as 503 AuthUnavailable, no
+    # connection), until one does.
+    troubles: dict[str, Trouble] = field(default_factory=dict)
 
     def reset(self) -> None:
         self.call_times.clear()
@@ -120,3 +124,4 @@ class Memory:
         self.probed = None
         self.announced.clear()
         self.measured = None
+        self.troubles.clear()

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from ckpt_api.agent_api import AgentStatus, ErrorBody, UpdateWeightsRequest
 from ckpt_api.tls import ReloadingContext, agent_server_name
-from ckpt_api.vocabulary import ErrorCode
+from ckpt_rollout.domain.troubles import NoAnswer, Trouble, answer_trouble
 from ckpt_rollout.domain.world import agent_url
 from ckpt_rollout.io.agent_tokens import AgentTokens, AgentTokenUnavailable
 
@@ -27,6 +27,8 @@ class CallResult:
     connected: bool = True
     # `status()` only: the parsed body of a 200.
     agent_status: AgentStatus | None = None
+    # With ``status`` 0: why there was no answer, where it is not plain (a refused connection).
+    why_none: NoAnswer | None = None
 
     @property
     def accepted(self) -> bool:
@@ -37,10 +39,19 @@ class CallResult:
         return self.status == 409
 
     @property
-    def deferred(self) -> bool:
-        """The agent could not check our credential (its apiserver is away) and did nothing."""
-        error = self.error_body() if self.status == 503 else None
-        return error is not None and error.error == ErrorCode.AUTH_UNAVAILABLE
+    def no_answer(self) -> NoAnswer | None:
+        if self.status != 0:
+            return None
+        if self.why_none is not None:
+            return self.why_none
+        return NoAnswer.BROKEN if self.connected else NoAnswer.UNREACHABLE
+
+    def trouble(self) -> Trouble | None:
+        """What the answer says is in the way (ckpt_rollout.domain.troubles), or None."""
+        error = self.error_body()
+        if error is not None:
+            return answer_trouble(self.status, error.error, error.message, None)
+        return answer_trouble(self.status, None, self.error, self.no_answer)
 
     def error_body(self) -> ErrorBody | None:
         """The agent's error body, if the answer is one (a proxy's or a non-agent's is not)."""
@@ -91,7 +102,7 @@ class AgentClient:
             headers = await self._headers(namespace)
         except AgentTokenUnavailable as exc:
             # Nothing was sent: like an agent not listening yet, the step calls again later.
-            return CallResult(0, {}, str(exc), connected=False)
+            return CallResult(0, {}, str(exc), connected=False, why_none=NoAnswer.TOKEN)
         session = await self._ensure()
         last_error = ""
         # Only failures to connect are retried (bounded, with backoff): once a request may have
@@ -109,7 +120,12 @@ class AgentClient:
             except aiohttp.ClientConnectorCertificateError as exc:
                 # No retry: a wrong CA or a certificate for another namespace's name stays so;
                 # the worker fails at once with the reason, not after its timeout.
-                return CallResult(0, {}, f"TLS verification of the agent failed: {exc.certificate_error}")
+                return CallResult(
+                    0,
+                    {},
+                    f"TLS verification of the agent failed: {exc.certificate_error}",
+                    why_none=NoAnswer.TLS,
+                )
             except aiohttp.ClientConnectorError as exc:
                 last_error = f"cannot connect: {exc}"
                 await asyncio.sleep(0.2 * 2**attempt)

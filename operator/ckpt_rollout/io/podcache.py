@@ -24,6 +24,23 @@ LIST_PAGE = 500
 RETRY_S = 2.0
 
 
+def _startup(obj: dict[str, Any]) -> tuple[object, ...]:
+    """What tells whether a pod that is not Running can start (its phase, whether it is
+    scheduled, its containers' waiting reasons): a change to it wakes the daemons."""
+    status = obj.get("status") or {}
+    scheduled = [
+        (c.get("status"), c.get("reason"))
+        for c in status.get("conditions") or []
+        if c.get("type") == "PodScheduled"
+    ]
+    waiting = [
+        ((c.get("state") or {}).get("waiting") or {}).get("reason")
+        for key in ("initContainerStatuses", "containerStatuses")
+        for c in status.get(key) or []
+    ]
+    return status.get("phase"), tuple(scheduled), tuple(waiting)
+
+
 def running_pod(obj: dict[str, Any]) -> Pod | None:
     """The pod if a rollout may call it: Running, with an IP, not being deleted."""
     meta, status = obj.get("metadata") or {}, obj.get("status") or {}
@@ -39,11 +56,18 @@ class PodCache:
         self._namespaces = namespaces or [""]  # "" = every namespace
         self._watch_timeout_s = watch_timeout_s
         self._pods: dict[str, dict[str, Pod]] = {}  # namespace -> name -> pod
+        # namespace -> name -> the pod as listed: those not Running yet (not being deleted), to
+        # say why one cannot start (ckpt_rollout.domain.troubles.pod_trouble).
+        self._waiting: dict[str, dict[str, dict[str, Any]]] = {}
         self._synced = {ns: asyncio.Event() for ns in self._namespaces}
         self._subscribers: dict[str, set[asyncio.Event]] = {}  # namespace -> daemons' wake-ups
 
     def get(self, namespace: str) -> list[Pod]:
         return list(self._pods.get(namespace, {}).values())
+
+    def waiting(self, namespace: str) -> list[dict[str, Any]]:
+        """The namespace's pods that are not Running yet (nor being deleted), as listed."""
+        return list(self._waiting.get(namespace, {}).values())
 
     def subscribe(self, namespace: str, event: asyncio.Event) -> None:
         """Set ``event`` whenever the namespace's rollout-relevant pods change."""
@@ -66,14 +90,26 @@ class PodCache:
         pods = self._pods.setdefault(namespace, {})
         pod = None if kind == "DELETED" else running_pod(obj)
         # Most pod events (conditions, other status) change nothing a rollout reads: only
-        # a pod that comes, goes or changes its IP or labels wakes the daemons.
+        # a pod that comes, goes or changes its IP or labels wakes the daemons, or one not
+        # running yet whose startup state changes.
         if pod is None:
             changed = pods.pop(meta.get("name", ""), None) is not None
         else:
             changed = pods.get(pod.name) != pod
             pods[pod.name] = pod
+        changed = self._note_waiting(namespace, kind, obj, pod is None) or changed
         if changed:
             self._changed(namespace)
+
+    def _note_waiting(self, namespace: str, kind: str, obj: dict[str, Any], not_running: bool) -> bool:
+        meta = obj.get("metadata") or {}
+        waiting = self._waiting.setdefault(namespace, {})
+        name = meta.get("name", "")
+        if kind == "DELETED" or not not_running or meta.get("deletionTimestamp"):
+            return waiting.pop(name, None) is not None
+        before = waiting.get(name)
+        waiting[name] = obj
+        return before is None or _startup(before) != _startup(obj)
 
     async def run(self) -> None:
         """Follow pods until cancelled: list, watch from the list's version, relist on errors."""
@@ -106,20 +142,26 @@ class PodCache:
 
     async def _relist(self, namespace: str) -> str:
         listed: dict[str, dict[str, Pod]] = {}
+        waiting: dict[str, dict[str, dict[str, Any]]] = {}
         token: str | None = None
         while True:
             resp = await self._list(namespace, limit=LIST_PAGE, **({"_continue": token} if token else {}))
             body = await list_body(resp)
             for item in body.get("items") or []:
+                item_ns, item_name = item["metadata"]["namespace"], item["metadata"]["name"]
                 if (pod := running_pod(item)) is not None:
-                    listed.setdefault(item["metadata"]["namespace"], {})[pod.name] = pod
+                    listed.setdefault(item_ns, {})[pod.name] = pod
+                elif not item["metadata"].get("deletionTimestamp"):
+                    waiting.setdefault(item_ns, {})[item_name] = item
             token = body.get("metadata", {}).get("continue")
             if not token:
                 break
         if namespace:
             self._pods[namespace] = listed.get(namespace, {})
+            self._waiting[namespace] = waiting.get(namespace, {})
         else:
             self._pods = listed
+            self._waiting = waiting
         for changed in self._subscribers:  # a relist may have missed events: look again
             self._changed(changed)
         return str(body["metadata"]["resourceVersion"])

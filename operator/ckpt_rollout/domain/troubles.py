@@ -1,0 +1,140 @@
+"""Why a worker makes no progress, as a reason and one line naming its cause: what its agent
+answered to the operator (or that it could not be reached), or the state of a selected pod that
+cannot start. Pure; table-tested.
+
+A trouble the operator can outwait (``retried``: the agent could not check the token yet, nobody
+listens yet) keeps the worker waiting until the worker timeout; the others fail it at once. Either
+way the cause is shown while it lasts (ckpt_rollout.domain.stalls)."""
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from ckpt_api.vocabulary import ErrorCode, PodPhase, WorkerReason
+
+# A container still being created after this long is reported (a volume that cannot mount, the
+# most common cause, shows only in the pod's events as FailedMount).
+CREATING_GRACE_S = 20.0
+
+
+class NoAnswer(StrEnum):
+    """Why a call got no HTTP answer."""
+
+    UNREACHABLE = "unreachable"  # no connection could be made: the request surely went nowhere
+    TLS = "tls"  # the agent's serving certificate failed verification
+    # The operator had no token for the namespace's agents: nothing was sent.
+    TOKEN = "token"  # noqa: S105 (a kind of failure, not a secret)
+    BROKEN = "broken"  # connected, then no usable answer (a timeout, a reset, not an agent's body)
+
+
+@dataclass(frozen=True)
+class Trouble:
+    reason: str
+    message: str
+    retried: bool = True  # the operator calls again (the worker timeout bounds the wait)
+
+    def line(self) -> str:
+        return f"{self.reason}: {self.message}"
+
+
+TOKEN_UNAVAILABLE = "AgentTokenUnavailable"  # noqa: S105 (a reason, not a secret)
+# The reasons of the operator's Pending entries for a stalled member (ckpt_rollout.domain.stalls).
+STALL_REASONS = frozenset(
+    {
+        TOKEN_UNAVAILABLE,
+        WorkerReason.AGENT_UNREACHABLE,
+        ErrorCode.AUTH_UNAVAILABLE,
+        ErrorCode.UNAUTHORIZED,
+        ErrorCode.FORBIDDEN,
+    }
+)
+
+
+def answer_trouble(status: int, error: str | None, detail: str, no_answer: NoAnswer | None) -> Trouble | None:
+    """What an agent's answer says is in the way, or None (accepted, busy, or a load failure the
+    agent itself reported: the caller words those). ``error``: the ErrorCode of the agent's
+    body, if it is one; ``detail``: its message, or why there was no answer (``status`` 0)."""
+    if status == 0:
+        if no_answer is NoAnswer.TOKEN:
+            return Trouble(TOKEN_UNAVAILABLE, f"the operator has no token for these agents yet: {detail}")
+        if no_answer is NoAnswer.UNREACHABLE:
+            return Trouble(
+                WorkerReason.AGENT_UNREACHABLE, f"the agent is unreachable (calling again): {detail}"
+            )
+        # Once a request may have reached the agent, calling again could load twice: the worker
+        # fails with this cause.
+        return Trouble(WorkerReason.AGENT_UNREACHABLE, detail, retried=False)
+    if status == 503 and error == ErrorCode.AUTH_UNAVAILABLE:
+        return Trouble(
+            ErrorCode.AUTH_UNAVAILABLE,
+            f"the agent cannot check the operator's token (calling again): {detail}",
+        )
+    if status == 401 and error == ErrorCode.UNAUTHORIZED:
+        return Trouble(
+            ErrorCode.UNAUTHORIZED,
+            f"the agent refused the operator's token: {detail} (it accepts only tokens for its "
+            "namespace's audience, ckpt-rollout-agent/<namespace>)",
+            retried=False,
+        )
+    if status == 403 and error == ErrorCode.FORBIDDEN:
+        return Trouble(
+            ErrorCode.FORBIDDEN,
+            f"the agent does not let the operator in: {detail} (the operator needs update on "
+            "agents.rollout.ckpt.dev in the pod's namespace)",
+            retried=False,
+        )
+    return None
+
+
+# Container waiting reasons that do not pass by themselves.
+_STUCK_WAITING = {
+    "ImagePullBackOff": "the image cannot be pulled",
+    "ErrImagePull": "the image cannot be pulled",
+    "ErrImageNeverPull": "the image is not on the node and its pull policy is Never",
+    "InvalidImageName": "the image name is invalid",
+    "CreateContainerConfigError": "the container cannot be configured (a missing Secret or ConfigMap?)",
+    "CreateContainerError": "the container cannot be created",
+    "RunContainerError": "the container cannot be started",
+    "CrashLoopBackOff": "the container keeps exiting",
+}
+_CREATING = frozenset({"ContainerCreating", "PodInitializing"})
+
+
+def pod_trouble(pod: dict[str, Any], now: float, created: float | None) -> Trouble | None:
+    """Why a pod that is not Running cannot start, or None while it may still start.
+    ``created``: its creationTimestamp (epoch seconds), if known."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    if meta.get("deletionTimestamp"):
+        return None  # on its way out: nothing to start
+    phase = status.get("phase")
+    if phase in (PodPhase.FAILED, PodPhase.SUCCEEDED):
+        why = ": ".join(str(p) for p in (status.get("reason"), status.get("message")) if p)
+        return Trouble(f"Pod{phase}", f"the pod has ended ({phase}){': ' + why if why else ''}")
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            reason = condition.get("reason") or "Unschedulable"
+            return Trouble(reason, f"the pod cannot be scheduled: {condition.get('message') or reason}")
+    creating: list[str] = []
+    for name, waiting in _waiting(status):
+        reason = waiting.get("reason") or ""
+        if reason in _STUCK_WAITING:
+            said = waiting.get("message")
+            return Trouble(reason, f"container {name}: {_STUCK_WAITING[reason]}{': ' + said if said else ''}")
+        if reason in _CREATING:
+            creating.append(name)
+    if creating and created is not None and now - created > CREATING_GRACE_S:
+        return Trouble(
+            "ContainerCreating",
+            f"container {creating[0]} not created after {now - created:.0f}s: usually a volume "
+            "that cannot mount (a FailedMount event: a missing Secret, ConfigMap or claim)",
+        )
+    return None
+
+
+def _waiting(status: dict[str, Any]) -> Iterable[tuple[str, dict[str, Any]]]:
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for container in status.get(key) or []:
+            waiting = (container.get("state") or {}).get("waiting")
+            if waiting:
+                yield str(container.get("name")), waiting
