@@ -55,7 +55,6 @@ from ckpt_rollout.domain.plan import (
 )
 from ckpt_rollout.domain.planning import failure_budget, plan_wave, rollout_order
 from ckpt_rollout.domain.selectors import selectors_overlap
-from ckpt_rollout.domain.stalls import note_stalls
 from ckpt_rollout.domain.wording import counted
 from ckpt_rollout.domain.world import Memory, Now, Peer, Tuning, parse_time
 
@@ -82,11 +81,8 @@ def decide(rollout: Rollout, memory: Memory, tuning: Tuning, now: Now) -> Plan:
     fold_heard(d)
     fold_settled(d)
     for _ in range(_MAX_TRANSITIONS):
-        state = classify(d)
-        if not TRANSITIONS[state](d):
+        if not TRANSITIONS[classify(d)](d):
             break
-    if state is not State.CONFLICT:  # a stalled pod is another rollout's to show
-        note_stalls(d)
     if d.status.phase is Phase.PROGRESSING and (remaining := deadline_remaining(d)) is not None:
         d.wake(remaining + 1)  # the deadline passes even if nothing else happens
     return d.finish()
