@@ -52,6 +52,7 @@ TESTS = (
     "tests/operator/test_machine_pause.py",
     "tests/operator/test_machine_failures.py",
     "tests/operator/test_machine_rollback.py",
+    "tests/operator/test_machine_departures.py",
     "tests/operator/test_machine_told.py",
     "tests/operator/test_machine_properties.py",
     "tests/operator/analysis_kit.py",

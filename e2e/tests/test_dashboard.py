@@ -129,14 +129,16 @@ def test_the_page_follows_a_rollout_live_and_its_buttons_act_like_the_cli(
     expect(card.locator(".result")).to_have_text(f"{NAME}: promoted past wave 1")
     assert _annotations(rollouts)[PROMOTE_ANNOTATION] == "0@v3"
 
-    # Abort v3 while it waits after its second wave: the abort annotation names the version.
+    # Abort v3 while it waits after its second wave: the abort annotation names the rollout (its
+    # start) and the version.
     expect(card.locator('tr[data-wave="2"]')).to_have_attribute("data-phase", "Completed", timeout=LIVE_S)
     expect(card).to_have_attribute("data-phase", "Paused", timeout=LIVE_S)
     expect(card.locator(".updated")).to_have_text("2/3")
     _screenshot(page, tmp_path)
     card.locator('button[data-action="abort"]').click()
     expect(card.locator(".result")).to_contain_text("aborting v3")
-    assert _annotations(rollouts)[ABORT_ANNOTATION] == "v3"
+    started = rollouts.status(NAME)["startedAt"]
+    assert _annotations(rollouts)[ABORT_ANNOTATION] == f"{started}@v3"
     expect(card).to_have_attribute("data-phase", "RolledBack", timeout=LIVE_S)
 
     # Retry, offered once the rollout ended RolledBack: v3 again, up to the same pause.
@@ -144,7 +146,7 @@ def test_the_page_follows_a_rollout_live_and_its_buttons_act_like_the_cli(
     expect(card.locator(".result")).to_have_text(f"{NAME}: retrying v3 (was RolledBack; its abort withdrawn)")
     annotations = _annotations(rollouts)
     assert annotations.get(RETRY_ANNOTATION)
-    assert ABORT_ANNOTATION not in annotations, "a retry the abort would stop at once"
+    assert ABORT_ANNOTATION not in annotations, "a retry withdraws the abort of its version"
     expect(card).to_have_attribute("data-phase", "Paused", timeout=LIVE_S)
 
     assert page.evaluate("window.sameDocument") is True, "the page was reloaded"

@@ -93,6 +93,13 @@ class WaveStatus(ApiModel):
     updated: Annotated[int, Field(ge=0, description="Pods updated, folded out of workers")] = 0
     failed: Annotated[int, Field(ge=0)] = 0
     gone: Annotated[int, Field(ge=0, description="Members that disappeared mid-wave")] = 0
+    replaced: Annotated[
+        list[str],
+        Field(
+            description="Members that went away before they loaded: a selected pod no wave had "
+            "taken took each one's place in pods"
+        ),
+    ] = []
     bytes_from_source: Annotated[
         int | None, Field(ge=0, description="Bytes the updated members pulled from the source")
     ] = None
@@ -156,6 +163,13 @@ class CheckpointRolloutStatus(ApiModel):
         Field(
             description="The promote annotation's value when this rollout started: a bare wave index "
             "still equal to it promoted an earlier rollout, and promotes nothing now"
+        ),
+    ] = None
+    abort_at_start: Annotated[
+        str | None,
+        Field(
+            description="The abort annotation's value when this rollout started: a bare version "
+            "still equal to it aborted an earlier rollout of that version, and aborts nothing now"
         ),
     ] = None
     superseded_version: Annotated[

@@ -15,6 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 MIN_TLS_VERSION = ssl.TLSVersion.TLSv1_2
+# The Secrets of agent TLS as the chart names them for release `ckpt-rollout` (agentTLS.secretName
+# in each worker namespace; <fullname>-agent-ca in the operator's) and `tls-secrets` prints them.
+AGENT_TLS_SECRET = "ckpt-rollout-agent-tls"  # noqa: S105 - the name of a Secret, not a secret
+AGENT_CA_SECRET = "ckpt-rollout-agent-ca"  # noqa: S105 - the name of a Secret, not a secret
 
 
 def agent_server_name(namespace: str) -> str:

@@ -50,6 +50,12 @@ GROUPS: tuple[CommandGroup, ...] = (
         "pip install 'ckpt-rollout[operator]'",
     ),
     CommandGroup(
+        "ckpt_rollout.tools.tls_command",
+        "add_command",
+        ("tls-secrets",),
+        "pip install 'ckpt-rollout[operator]'",
+    ),
+    CommandGroup(
         "ckpt_agent.cli",
         "add_commands",
         ("publish", "serve", "agent"),

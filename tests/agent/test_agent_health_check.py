@@ -127,6 +127,16 @@ async def test_a_first_load_that_fails_has_nothing_to_go_back_to(
     assert status["last_error"]["reason"] == FAILED
     assert "no earlier version is known to load back" in status["last_error"]["message"]
     assert _conditions(client)[-1] == (False, WeightsReadyReason.WEIGHTS_LOST)
+    # The engine holds the NaN weights, held from traffic (a caller past readiness too) ...
+    code, body = await client.request("POST", "/v1/infer", {})
+    assert (code, body.get("error")) == (503, "EngineUnavailable"), body
+    assert "held by: weights-lost" in body["message"], body
+    assert await client.is_paused() is True
+    # ... until a load succeeds (this one without a check).
+    assert (await client.update("v1"))[0] == 202
+    assert (await client.wait_settled())["version"] == "v1"
+    assert await client.is_paused() is False
+    assert close_to(await client.infer(), bad_tree.expected("v1"))
 
 
 async def test_when_loading_the_previous_version_back_fails_too_the_weights_are_lost(

@@ -1,6 +1,7 @@
 """The chart's agent TLS (agentTLS): serving Secrets per worker namespace for the name callers
 verify, the CA mounted into the operator, from a CA the chart generates or from cert-manager;
-plain http only when switched off."""
+plain http only when switched off. The same Secrets without the chart (`ckpt-rollout
+tls-secrets`, for the `kubectl apply` path), and what `helm uninstall` leaves for running workers."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import yaml
 from chart_render import ROOT, Helm, Obj, Rendered
 
 from ckpt_api.tls import agent_server_name, ca_context, server_context
+from ckpt_rollout import cli
 from ckpt_rollout.chartgen.chart_values import ChartValues
 
 WORKERS = "workerRbac.namespaces={team-a,team-b}"
@@ -141,3 +143,160 @@ def test_the_worker_example_serves_the_charts_secret_and_verifies_peers() -> Non
         assert flags[flag] == f"{mount['mountPath']}/{key}"
     # The kubelet's probes speak TLS to the API port (they do not verify).
     assert {container[p]["httpGet"]["scheme"] for p in ("livenessProbe", "readinessProbe")} == {"HTTPS"}
+
+
+# --------------------------------------------------------------------------- without the chart
+
+
+STATIC_MANIFEST = ROOT / "examples" / "kubectl" / "operator.yaml"
+
+
+def _tls_secrets(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[Obj], str]:
+    """`ckpt-rollout tls-secrets ARGS`: exit code, the Secrets printed, stderr."""
+    code = cli.main(["tls-secrets", *args])
+    out, err = capsys.readouterr()
+    return code, [d for d in yaml.safe_load_all(out) if d], err
+
+
+def _one(secrets: list[Obj], name: str, namespace: str) -> Obj:
+    (found,) = [
+        s for s in secrets if (s["metadata"]["name"], s["metadata"]["namespace"]) == (name, namespace)
+    ]
+    return found
+
+
+def _agent(secret: Obj, where: Path) -> ssl.SSLContext:
+    (where / "tls.crt").write_bytes(_data(secret, "tls.crt"))
+    (where / "tls.key").write_bytes(_data(secret, "tls.key"))
+    return server_context(where / "tls.crt", where / "tls.key").current()
+
+
+def _trusting(secret: Obj, where: Path) -> ssl.SSLContext:
+    (where / "ca.crt").write_bytes(_data(secret, "ca.crt"))
+    return ca_context(where / "ca.crt").current()
+
+
+def test_tls_secrets_prints_what_the_static_manifest_mounts_and_the_agents_serve(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The `kubectl apply` path's agent TLS without cert-manager: the CA Secret the operator of
+    examples/kubectl/operator.yaml mounts, and serving Secrets agents in each namespace verify
+    with, for that namespace's name only."""
+    code, secrets, _ = _tls_secrets(capsys, "--namespace", "rl", "--namespace", "team-b")
+    assert code == 0
+    docs = [d for d in yaml.safe_load_all(STATIC_MANIFEST.read_text()) if d]
+    operator = next(d for d in docs if d["kind"] == "Deployment")
+    (volume,) = [v for v in operator["spec"]["template"]["spec"]["volumes"] if v["name"] == "agent-ca"]
+    ca = _one(secrets, volume["secret"]["secretName"], operator["metadata"]["namespace"])
+    trust = _trusting(ca, tmp_path)
+    for ns in ("rl", "team-b"):
+        serving = _one(secrets, ChartValues().agent_tls.secret_name, ns)
+        assert serving["type"] == "kubernetes.io/tls"
+        assert _data(serving, "ca.crt") == _data(ca, "ca.crt"), "peers verify with the operator's CA"
+        (tmp_path / ns).mkdir()
+        agent = _agent(serving, tmp_path / ns)
+        _handshake(agent, trust, agent_server_name(ns))
+        other = "team-b" if ns == "rl" else "rl"
+        with pytest.raises(ssl.SSLCertVerificationError, match="Hostname mismatch"):
+            _handshake(agent, trust, agent_server_name(other))
+
+
+def test_tls_secrets_signs_a_later_namespace_with_the_ca_it_printed(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    _, first, _ = _tls_secrets(capsys, "-n", "rl")
+    ca = _one(first, "ckpt-rollout-agent-ca", "ckpt-rollout-system")
+    saved = tmp_path / "ca-secret.yaml"  # what `kubectl get secret ... -o yaml` gives back
+    saved.write_text(yaml.safe_dump(ca))
+    code, later, _ = _tls_secrets(capsys, "-n", "team-b", "--ca-from", str(saved), "--cert-days", "30")
+    assert code == 0
+    assert _one(later, "ckpt-rollout-agent-ca", "ckpt-rollout-system")["data"] == ca["data"], "the same CA"
+    agent = _agent(_one(later, "ckpt-rollout-agent-tls", "team-b"), tmp_path)
+    _handshake(agent, _trusting(ca, tmp_path), agent_server_name("team-b"))
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("kind: ConfigMap\ndata: {a: b}\n", "not a Secret with data tls.crt and tls.key"),
+        ("data: {tls.crt: bm8=, tls.key: bm8=}\n", "do not hold a PEM certificate and key"),
+        ("{", "not YAML or JSON"),
+    ],
+    ids=["no-ca-keys", "not-pem", "not-yaml"],
+)
+def test_tls_secrets_refuses_a_ca_it_cannot_sign_with(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str, message: str
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(content)
+    code, printed, err = _tls_secrets(capsys, "-n", "rl", "--ca-from", str(bad))
+    assert (code, printed) == (2, [])
+    assert err.startswith(f"ckpt-rollout tls-secrets: --ca-from {bad}: "), err
+    assert message in err, err
+
+
+def test_tls_secrets_refuses_a_serving_certificate_as_its_ca(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    _, first, _ = _tls_secrets(capsys, "-n", "rl")
+    leaf = tmp_path / "leaf.yaml"
+    leaf.write_text(yaml.safe_dump(_one(first, "ckpt-rollout-agent-tls", "rl")))
+    code, _, err = _tls_secrets(capsys, "-n", "rl", "--ca-from", str(leaf))
+    assert code == 2
+    assert "is not a CA certificate" in err, err
+
+
+# --------------------------------------------------------------------------- helm uninstall
+
+KEPT_KINDS = (
+    "ServiceAccount",
+    "Role",
+    "RoleBinding",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+)
+
+
+def _kept(obj: Obj) -> bool:
+    return (obj["metadata"].get("annotations") or {}).get("helm.sh/resource-policy") == "keep"
+
+
+def _worker_objects(rendered: Rendered) -> list[Obj]:
+    return [
+        o
+        for o in rendered.objects
+        if o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "worker-agent"
+        and o["kind"] != "NetworkPolicy"
+    ]
+
+
+def test_uninstall_keeps_what_running_workers_use(helm: Helm) -> None:
+    """`helm uninstall` must not pull the worker ServiceAccount, its RBAC or the agents' TLS
+    Secret from under running pods."""
+    rendered = helm.template(None, "workerRbac.enabled=true", WORKERS)
+    workers = _worker_objects(rendered)
+    assert {o["kind"] for o in workers} == {*KEPT_KINDS, "Secret"}
+    assert [(o["kind"], o["metadata"]["name"]) for o in workers if not _kept(o)] == []
+    assert not _kept(rendered.one("Deployment")), "the operator itself goes"
+    certificates = helm.template(
+        None,
+        "workerRbac.enabled=true",
+        WORKERS,
+        "agentTLS.certManager.enabled=true",
+        "agentTLS.certManager.issuerRef.name=agents-ca",
+    )
+    for ns in ("team-a", "team-b"):
+        assert _kept(certificates.one("Certificate", "rel-ckpt-rollout-agent", ns))
+
+
+def test_uninstall_removes_them_when_told_to(helm: Helm) -> None:
+    rendered = helm.template(
+        None,
+        "workerRbac.enabled=true",
+        WORKERS,
+        "workerRbac.keepOnUninstall=false",
+        "agentTLS.keepOnUninstall=false",
+    )
+    assert [o["kind"] for o in _worker_objects(rendered) if _kept(o)] == []

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from ckpt_api.crd import build_crd
 from ckpt_rollout.chartgen.chart_files import (
     STATIC_NAMESPACE,
+    STATIC_WORKER_NAMESPACE,
     generated_files,
     render_static_manifest,
     values_schema,
@@ -35,11 +36,31 @@ def test_static_kubectl_manifest_matches_the_chart(helm: Helm) -> None:
     assert STATIC_MANIFEST.read_text() == expected, "run `make generate` and commit"
 
 
-def test_static_manifest_has_no_crd_and_one_namespace() -> None:
+def test_static_manifest_has_no_crd_and_the_operators_and_the_workers_namespaces() -> None:
     docs = [d for d in yaml.safe_load_all(STATIC_MANIFEST.read_text()) if d]
     assert "CustomResourceDefinition" not in {d["kind"] for d in docs}
     namespaces = {d["metadata"].get("namespace") for d in docs} - {None}
-    assert namespaces == {STATIC_NAMESPACE}
+    assert namespaces == {STATIC_NAMESPACE, STATIC_WORKER_NAMESPACE}
+
+
+def test_static_manifest_holds_what_the_worker_namespace_needs() -> None:
+    """The `kubectl apply` path sets up README's worker namespace as helm's workerRbac does: the
+    ServiceAccount the example workers run as, its RBAC, and the admission policies."""
+    docs = [d for d in yaml.safe_load_all(STATIC_MANIFEST.read_text()) if d]
+    workers = {
+        (d["kind"], d["metadata"].get("namespace"))
+        for d in docs
+        if d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "worker-agent"
+    }
+    ns = STATIC_WORKER_NAMESPACE
+    assert {("ServiceAccount", ns), ("Role", ns), ("RoleBinding", ns)} <= workers
+    assert {"ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= {
+        kind for kind, _ in workers
+    }
+    (account,) = [d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["namespace"] == ns]
+    example = (ROOT / "examples" / "worker-deployment.yaml").read_text()
+    pod = next(d for d in yaml.safe_load_all(example) if d and d["kind"] == "Deployment")
+    assert pod["spec"]["template"]["spec"]["serviceAccountName"] == account["metadata"]["name"]
 
 
 def test_values_yaml_is_the_model_defaults() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -221,6 +222,6 @@ def test_the_examples_kustomization_holds_the_workers_and_their_source() -> None
 def test_the_local_values_pass_the_schema(helm: Helm) -> None:
     """local/values.yaml (README's first rollout): chart keys only, and it renders."""
     values = yaml.safe_load((ROOT / "local" / "values.yaml").read_text())
-    ChartValues.model_validate(values, strict=True)
+    ChartValues.model_validate_json(json.dumps(values), strict=True)  # JSON: enums from strings
     rendered = helm.template(values, release=STATIC_RELEASE, namespace=STATIC_NAMESPACE)
     assert rendered.one("Deployment", STATIC_RELEASE, STATIC_NAMESPACE)

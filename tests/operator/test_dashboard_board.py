@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from ckpt_rollout.tools import actions
 from ckpt_rollout.tools.dashboard import allowed_hosts, board_view
 
 
@@ -28,7 +29,7 @@ def _obj(name: str, phase: str | None, paused: bool = False) -> dict[str, Any]:
     return {
         "metadata": {"namespace": "rl", "name": name},
         "spec": {"version": "v2", "paused": paused},
-        "status": {"phase": phase, "targetVersion": "v2", "currentWave": 1},
+        "status": {"phase": phase, "targetVersion": "v2", "currentWave": 1, "startedAt": "t0"},
     }
 
 
@@ -52,3 +53,28 @@ def test_board_view_sorts_rollouts_and_says_why_actions_are_refused() -> None:
         == "not paused after a wave (spec.paused is set: use resume); nothing to promote"
     )
     assert all(refusals[n][a] is None for n in "abc" for a in ("pause", "resume", "abort"))
+
+
+@pytest.mark.parametrize(
+    ("spec", "status", "why"),
+    [
+        ({"version": "v2"}, {"targetVersion": "v2", "startedAt": "t0"}, None),
+        (
+            {"version": "v2"},
+            {"targetVersion": "v1", "startedAt": "t0"},
+            "nothing to abort: the operator has not started rolling v2 out yet",
+        ),
+        (
+            {"version": "v2"},
+            {"targetVersion": "v2"},
+            "nothing to abort: the operator has not started rolling v2 out yet",
+        ),
+        ({"versionFrom": {}}, {}, "nothing to abort: its versionFrom has not been resolved yet"),
+    ],
+)
+def test_an_abort_waits_for_the_rollout_it_names(
+    spec: dict[str, Any], status: dict[str, Any], why: str | None
+) -> None:
+    """An abort names its rollout by its start (status.startedAt of the version): before the
+    operator started the version there is none to name."""
+    assert actions.refusal("abort", {"metadata": {"name": "a"}, "spec": spec, "status": status}) == why

@@ -4,7 +4,7 @@ The rollout runs step by step through decide(), with an in-test executor that st
 status, and agents that succeed, fail, answer busy, never get the call, or lose it, while pods
 come and go between steps. Whatever happens: no pod is sent the same version twice unless the
 earlier call provably did not start a load, every pod called was recorded as called before the
-call went out, waves never lose members, and the rollout ends."""
+call went out, waves lose members only to replace the departed, and the rollout ends."""
 
 from __future__ import annotations
 
@@ -173,7 +173,7 @@ def _scenarios(
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_scenarios())
-def test_under_churn_no_pod_is_loaded_twice_waves_never_shrink_and_the_rollout_ends(
+def test_under_churn_no_pod_is_loaded_twice_waves_keep_their_members_and_the_rollout_ends(
     scenario: tuple[list[str], dict[str, list[str]], list[Any], int, list[tuple[int, str]]],
 ) -> None:
     names, plans, waves, max_failures, churn = scenario
@@ -190,9 +190,12 @@ def test_under_churn_no_pod_is_loaded_twice_waves_never_shrink_and_the_rollout_e
                 world.agents[name] = Agent([])
                 world.present.add(name)
         _step(world, spec)
-        waves_now = [list(w.pods) for w in world.status.waves]
-        assert waves_now[: len(seen_waves)] == seen_waves, "an existing wave's members never change"
-        seen_waves = waves_now
+        waves_now = world.status.waves
+        assert len(waves_now) >= len(seen_waves), "no wave is dropped"
+        for before, now in zip(seen_waves, waves_now, strict=False):
+            kept = set(now.pods) | set(now.replaced)
+            assert set(before) <= kept, "a wave's members leave it only as departures it replaced"
+        seen_waves = [list(w.pods) for w in waves_now]
         if world.status.phase in TERMINAL_PHASES and world.status.target_version == "v2":
             break
     else:

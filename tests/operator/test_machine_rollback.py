@@ -6,12 +6,14 @@ from __future__ import annotations
 from machine_kit import (
     BIG,
     CANARY,
+    EARLIER,
     NOW,
     PODS,
     REST,
     STAMP,
     TUNING,
     Case,
+    called_now,
     condition,
     done,
     entry,
@@ -31,6 +33,8 @@ from ckpt_api.vocabulary import (
 )
 from ckpt_rollout.domain.machine import State
 from ckpt_rollout.domain.world import Memory, rfc3339
+
+HOUR_AGO = rfc3339(NOW.wall - 3600)
 
 CASES = [
     Case(
@@ -80,6 +84,56 @@ CASES = [
         events=[EventReason.ROLLOUT_FAILED],
         observe=lambda p: (p.status.completed_at, condition(p, ConditionType.FAILED)),
         observed=(STAMP, ("True", RolloutReason.ABORTED)),
+    ),
+    Case(
+        "the-clis-abort-names-the-rollout-by-its-start",
+        rollout(
+            progressing(done(0, [CANARY]), wave(1, REST)), annotations={ABORT_ANNOTATION: f"{EARLIER}@v2"}
+        ),
+        State.ABORT,
+        Phase.ROLLING_BACK,
+        calls=sorted(PODS),
+        events=[EventReason.ROLLBACK_STARTED],
+        wake=TUNING.pull_after_s,
+    ),
+    *(
+        Case(
+            id_,
+            rollout(
+                progressing(done(0, [CANARY]), wave(1, REST), abortAtStart=at_start),
+                annotations={ABORT_ANNOTATION: value},
+            ),
+            State.ADVANCE,
+            Phase.PROGRESSING,
+            wake=TUNING.pull_after_s,
+            memory=called_now(*REST),
+        )
+        for id_, value, at_start in [
+            ("an-abort-of-an-earlier-rollout-of-the-version-aborts-nothing", f"{HOUR_AGO}@v2", None),
+            ("an-abort-naming-another-version-aborts-nothing", f"{EARLIER}@v1", None),
+            ("a-bare-abort-found-at-the-start-aborts-nothing", "v2", "v2"),
+        ]
+    ),
+    Case(
+        "a-version-rolled-out-again-after-its-abort-starts-afresh",
+        rollout(
+            {
+                "phase": "RolledBack",
+                "targetVersion": "v3",
+                "previousVersion": "v1",
+                "startedAt": HOUR_AGO,
+                "waves": [done(0, [CANARY])],
+                "rollback": {"version": "v1", "reason": "Aborted", "pods": [CANARY], "phase": "Completed"},
+            },
+            annotations={ABORT_ANNOTATION: "v2"},  # v2 was aborted before v3
+        ),
+        State.START,
+        Phase.PROGRESSING,
+        calls=[CANARY],
+        events=[EventReason.ROLLOUT_STARTED, EventReason.WAVE_STARTED],
+        wake=TUNING.pull_after_s,
+        observe=lambda p: (p.status.abort_at_start, p.status.rollback),
+        observed=("v2", None),
     ),
     Case(
         "a-rollback-done-is-rolled-back",

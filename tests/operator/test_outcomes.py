@@ -7,7 +7,7 @@ import pytest
 from ckpt_api.agent_api import AgentStatus
 from ckpt_api.status import WorkerStatus
 from ckpt_rollout.domain.mergepatch import apply_merge_patch, merge_diff
-from ckpt_rollout.domain.outcomes import Outcome, pulled_outcome, reported_outcome
+from ckpt_rollout.domain.outcomes import Outcome, pulled_outcome, reported_outcome, settles
 
 
 @pytest.mark.parametrize(
@@ -16,6 +16,12 @@ from ckpt_rollout.domain.outcomes import Outcome, pulled_outcome, reported_outco
         ({"version": "v2", "phase": "Updated"}, True, True, Outcome.UPDATED),
         ({"version": "v2", "phase": "Failed"}, True, True, Outcome.FAILED),
         ({"version": "v2", "phase": "Updated"}, False, True, Outcome.UPDATED),  # report outlives pod
+        # A pod gone (or being deleted) is gone, whatever its agent said as it shut down.
+        ({"version": "v2", "phase": "Failed", "reason": "ChecksumMismatch"}, False, True, Outcome.GONE),
+        ({"version": "v2", "phase": "Failed", "reason": "Cancelled"}, False, True, Outcome.GONE),
+        # Cancelled on a pod still selected: its agent stopped, which decides nothing.
+        ({"version": "v2", "phase": "Failed", "reason": "Cancelled"}, True, True, Outcome.WAITING),
+        ({"version": "v2", "phase": "Failed", "reason": "Cancelled"}, True, False, Outcome.UNCALLED),
         ({"version": "v1", "phase": "Updated"}, True, True, Outcome.WAITING),  # stale: older version
         ({"version": "v2", "phase": "Loading"}, True, True, Outcome.WAITING),
         (None, True, False, Outcome.UNCALLED),
@@ -28,6 +34,23 @@ def test_reported_outcome(
 ) -> None:
     parsed = WorkerStatus.model_validate(entry) if entry is not None else None
     assert reported_outcome(parsed, target="v2", present=present, called=called) is expected
+
+
+@pytest.mark.parametrize(
+    ("entry", "settled"),
+    [
+        ({"version": "v2", "phase": "Updated"}, True),
+        ({"version": "v2", "phase": "Failed", "reason": "ChecksumMismatch"}, True),
+        ({"version": "v2", "phase": "Failed"}, True),
+        ({"version": "v2", "phase": "Failed", "reason": "Cancelled"}, False),
+        ({"version": "v2", "phase": "Loading"}, False),
+        ({"version": "v1", "phase": "Updated"}, False),
+        ({"version": "v1", "phase": "Failed", "reason": "ChecksumMismatch"}, False),
+    ],
+)
+def test_settles(entry: dict[str, Any], settled: bool) -> None:
+    """Whether an entry decides the load of v2 (a heard outcome then never replaces it)."""
+    assert settles(WorkerStatus.model_validate(entry), "v2") is settled
 
 
 @pytest.mark.parametrize(

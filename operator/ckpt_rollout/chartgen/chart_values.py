@@ -241,7 +241,16 @@ class AgentTLS(ApiModel):
         _field(
             "Without cert-manager: the chart generates a CA and the serving certificates (kept across "
             "upgrades: read back with lookup). false: you create the Secrets (<fullname>-agent-ca with "
-            "ca.crt in the release namespace, secretName in each worker namespace)."
+            "ca.crt in the release namespace, secretName in each worker namespace), e.g. with "
+            "`ckpt-rollout tls-secrets`."
+        ),
+    ] = True
+    keep_on_uninstall: Annotated[
+        bool,
+        _field(
+            "Keep each worker namespace's serving Secret (generated) or Certificate (cert-manager) on "
+            "`helm uninstall` (helm.sh/resource-policy: keep): running agents serve from it, and a "
+            "restarted pod cannot start without it. Installing the release again adopts them."
         ),
     ] = True
     ca_validity_days: Annotated[int, _field("Lifetime of a generated CA.", ge=1)] = 3650
@@ -463,6 +472,14 @@ class WorkerRbac(ApiModel):
         _field(
             "ValidatingAdmissionPolicies that let a worker agent write only its own pod's status and "
             "its own entry of status.workers (the pod its projected token is bound to)."
+        ),
+    ] = True
+    keep_on_uninstall: Annotated[
+        bool,
+        _field(
+            "Keep the worker ServiceAccount, its RBAC and the admission policies on `helm uninstall` "
+            "(helm.sh/resource-policy: keep): running worker pods authenticate as that account and "
+            "report through that RBAC. Installing the release again adopts them."
         ),
     ] = True
 

@@ -10,7 +10,7 @@ from ckpt_api.relay_tree import fanout_for, feeds, relay_parents
 from ckpt_api.spec import HealthCheck
 from ckpt_api.status import WorkerStatus
 from ckpt_api.vocabulary import EventReason, EventType, WavePhase, WorkerPhase, WorkerReason, WorkerResult
-from ckpt_rollout.domain.outcomes import Outcome, reported_outcome
+from ckpt_rollout.domain.outcomes import Outcome, reported_outcome, settles
 from ckpt_rollout.domain.pinning import learned_digests, pin_for
 from ckpt_rollout.domain.plan import Call, Draft, Measure, Pull
 from ckpt_rollout.domain.world import agent_url
@@ -42,22 +42,14 @@ def failure_entry(version: str, wave: int, reason: str, message: str, stamp: str
 
 def fold_heard(d: Draft) -> None:
     """Outcomes the operator learned since the last step become status entries, unless the
-    agent's own push already decided that load."""
+    agent's own push already decided that load (a load cancelled as its agent stopped decided
+    nothing: what the restarted agent did next replaces it)."""
     if not d.memory.heard:
         return
     entries: dict[str, WorkerStatus] = {}
     for name, entry in d.memory.heard.items():
         current = d.status.workers.get(name)
-        decided = (
-            current is not None
-            and current.version == entry.version
-            and current.phase
-            in (
-                WorkerPhase.UPDATED,
-                WorkerPhase.FAILED,
-            )
-        )
-        if not decided:
+        if current is None or not settles(current, entry.version):
             entries[name] = entry
     d.plan.consumed.extend(d.memory.heard)
     if entries:

@@ -41,7 +41,7 @@ from ckpt_api.vocabulary import (
 from ckpt_rollout.domain import analyzing
 from ckpt_rollout.domain.conditions import Verdict
 from ckpt_rollout.domain.drive import Target, drive, fold_heard, fold_settled
-from ckpt_rollout.domain.outcomes import Outcome, transfer_split
+from ckpt_rollout.domain.outcomes import Outcome, failed_workers, loaded, transfer_split
 from ckpt_rollout.domain.pinning import unpinned_note
 from ckpt_rollout.domain.plan import (
     Draft,
@@ -53,7 +53,7 @@ from ckpt_rollout.domain.plan import (
     updated_replicas,
     wave_name,
 )
-from ckpt_rollout.domain.planning import failure_budget, plan_wave
+from ckpt_rollout.domain.planning import failure_budget, plan_wave, rollout_order
 from ckpt_rollout.domain.selectors import selectors_overlap
 from ckpt_rollout.domain.stalls import note_stalls
 from ckpt_rollout.domain.wording import counted
@@ -109,7 +109,7 @@ def classify(d: Draft) -> State:
         return State.RETRY
     if status.phase in TERMINAL_PHASES:
         return State.DONE
-    if d.rollout.meta.annotations.get(ABORT_ANNOTATION) == spec.version:
+    if abort_requested(d):
         return State.ABORT
     if deadline_exceeded(d):
         return State.DEADLINE
@@ -226,6 +226,7 @@ def _start(d: Draft, why: str = "") -> bool:
         paused_at=None,
         paused_seconds=0.0,
         promote_at_start=d.rollout.meta.annotations.get(PROMOTE_ANNOTATION),
+        abort_at_start=d.rollout.meta.annotations.get(ABORT_ANNOTATION),
         message=message,
     )
     if superseding:
@@ -278,6 +279,22 @@ def deadline_remaining(d: Draft) -> float | None:
 def _deadline(d: Draft) -> bool:
     message = f"no completion within {d.spec.timeouts.progress_deadline_seconds}s (paused time excluded)"
     return _fail(d, RolloutReason.PROGRESS_DEADLINE_EXCEEDED, message)
+
+
+def abort_requested(d: Draft) -> bool:
+    """Whether the abort annotation aborts this rollout. It outlives the rollout it was written
+    for, and the same version may roll out again later: "<startedAt>@<version>" (what `ckpt-rollout
+    abort` writes) names the rollout by its status.startedAt; a bare "<version>" (by hand, older
+    CLIs) counts only if it changed since this rollout started (status.abortAtStart)."""
+    value = d.rollout.meta.annotations.get(ABORT_ANNOTATION)
+    if not value:
+        return False
+    started, _, version = value.rpartition("@")
+    if version != d.spec.version:
+        return False
+    if started:
+        return started == d.status.started_at
+    return value != d.status.abort_at_start
 
 
 def _abort(d: Draft) -> bool:
@@ -440,7 +457,7 @@ def _start_wave(d: Draft, spec_index: int) -> bool:
         waves=d.spec.strategy.waves,
         eligible=d.rollout.pods,
         assigned=assigned,
-        key=f"{d.rollout.meta.uid}/{d.spec.version}",
+        key=_order_key(d),
     )
     if not d.status.previous_version and members:
         # First rollout of this CR: ask the canary what it serves, so a rollback has a target.
@@ -468,6 +485,69 @@ def _start_wave(d: Draft, spec_index: int) -> bool:
     return True
 
 
+def _order_key(d: Draft) -> str:
+    """The key of this rollout's pod order (ckpt_rollout.domain.planning.rollout_order)."""
+    return f"{d.rollout.meta.uid}/{d.spec.version}"
+
+
+def _untaken(d: Draft) -> list[str]:
+    """Selected pods no wave has taken, in this rollout's order."""
+    taken = {p for w in d.status.waves for p in w.pods}
+    return rollout_order([p for p in d.rollout.pods if p not in taken], _order_key(d))
+
+
+def _replace_departed(d: Draft, index: int) -> None:
+    """Members that went away before they loaded (deleted, evicted, rescheduled) give their places
+    to selected pods no wave has taken, so the wave still updates as many pods as it planned: a
+    canary replaced mid-load is followed by another canary, not by the next wave."""
+    wave = d.status.waves[index]
+    workers, pods = d.status.workers, d.rollout.pods
+    departed = [p for p in wave.pods if p not in pods and not loaded(workers.get(p), d.spec.version)]
+    swap = dict(zip(departed, _untaken(d), strict=False))
+    if not swap:
+        return
+    d.set_wave(index, pods=[swap.get(p, p) for p in wave.pods], replaced=[*wave.replaced, *swap])
+    d.set_workers(dict.fromkeys(swap))  # what a departed agent said while it shut down
+    pairs = ", ".join(f"{new} replaces {old}" for old, new in swap.items())
+    message = f"{wave_name(d, wave)}: {pairs} (gone before loading {d.spec.version})"
+    d.set(message=message)
+    d.event(EventType.NORMAL, EventReason.WAVE_STARTED, message)
+
+
+def _proven(d: Draft) -> bool:
+    """Whether a completed wave of this rollout brought a pod to its version."""
+    return any(w.updated for w in d.status.waves if w.phase is WavePhase.COMPLETED)
+
+
+def _unproven(d: Draft, index: int, failed: list[str], gone: list[str]) -> bool:
+    """A wave settled with nobody on a version no wave has proven yet: it never completes so.
+    It tries the next pod no wave has taken; with none left, it waits for one to take a departed
+    member's place, and when only failures are left (within the budget), the rollout fails."""
+    wave = d.status.waves[index]
+    label, version = wave_name(d, wave), d.spec.version
+    untaken = _untaken(d)
+    if untaken:
+        d.set_wave(index, pods=[*wave.pods, untaken[0]])
+        tried = ", ".join(failed)
+        message = f"{label}: no pod has loaded {version} yet ({tried} failed); {untaken[0]} tries it"
+        d.set(message=message)
+        d.event(EventType.NORMAL, EventReason.WAVE_STARTED, message)
+        return True
+    if gone:
+        message = (
+            f"{label}: no pod has loaded {version} yet; waiting for a pod to take the place of "
+            f"{', '.join(gone)} (gone)"
+        )
+        d.set(message=message)
+        return False
+    entry = d.status.workers[failed[0]]
+    reason = entry.reason or RolloutReason.WORKER_FAILED
+    tried = ", ".join(failed)
+    message = f"{label}: no pod loaded {version} ({tried} failed) and no other pod is left to try it"
+    d.set_wave(index, phase=WavePhase.FAILED, completed_at=d.now.stamp, failed=len(failed))
+    return _fail(d, reason, message)
+
+
 def _add_wave(d: Draft, kind: WaveKind, pods: list[str], came: str) -> None:
     """A wave for pods outside the spec's waves; ``came``: when they did."""
     message = f"bringing {d.spec.version} to {counted(len(pods), 'pod')} that {came}"
@@ -484,6 +564,8 @@ def _add_wave(d: Draft, kind: WaveKind, pods: list[str], came: str) -> None:
 
 
 def _run_wave(d: Draft, index: int) -> bool:
+    if d.status.waves[index].kind is WaveKind.SPEC:
+        _replace_departed(d, index)
     wave = d.status.waves[index]
     target = Target(
         version=d.spec.version,
@@ -505,9 +587,7 @@ def _complete_wave(d: Draft, index: int, outcomes: dict[str, Outcome]) -> bool:
     workers = d.status.workers
     label = wave_name(d, d.status.waves[index])
     failed_here = [p for p, o in outcomes.items() if o is Outcome.FAILED]
-    failures = sorted(
-        p for p, e in workers.items() if e.version == d.spec.version and e.phase is WorkerPhase.FAILED
-    )
+    failures = failed_workers(d.status, d.rollout.pods)
     budget = failure_budget(d.spec.failure_policy.max_failures, len(d.rollout.pods))
     if len(failures) > budget:
         # With none of its own, earlier failures are over a budget that shrank (a spec edit,
@@ -525,11 +605,15 @@ def _complete_wave(d: Draft, index: int, outcomes: dict[str, Outcome]) -> bool:
 
     updated = [p for p, o in outcomes.items() if o is Outcome.UPDATED]
     gone = [p for p, o in outcomes.items() if o is Outcome.GONE]
+    wave = d.status.waves[index]
+    if not updated and wave.kind is WaveKind.SPEC and not _proven(d) and wave.pods:
+        return _unproven(d, index, failed_here, gone)
     # Before the entries are folded away: where the wave's bytes came from.
     d.set_wave(index, **transfer_split([workers[p] for p in updated if p in workers]))
     wave = d.status.waves[index]
+    departed = len(wave.replaced) + len(gone)
     if d.spec.strategy.analysis is not None and wave.analysis is None and wave.kind is WaveKind.SPEC:
-        analyzing.begin(d, index, updated=len(updated), failed=len(failed_here), gone=len(gone))
+        analyzing.begin(d, index, updated=len(updated), failed=len(failed_here), gone=departed)
         return True  # the first measurement is due now
     d.set_wave(
         index,
@@ -537,15 +621,17 @@ def _complete_wave(d: Draft, index: int, outcomes: dict[str, Outcome]) -> bool:
         completed_at=d.now.stamp,
         updated=len(updated),
         failed=len(failed_here),
-        gone=len(gone),
+        gone=departed,
     )
     wave = d.status.waves[index]
     # Fold successes into the wave's counter so status stays small for big fleets; failures
-    # stay listed for whoever investigates.
-    d.set_workers({p: None for p in updated if p in workers})
+    # stay listed for whoever investigates, and what departed members said goes with them.
+    d.set_workers({p: None for p in [*updated, *gone] if p in workers})
     message = f"{label} completed: {len(updated)} updated"
     if failed_here:
         message += f", {len(failed_here)} failed (within budget {budget})"
+    if gone:
+        message += f", {len(gone)} gone with no pod left to take their place"
     d.set(message=message)
     d.metric(Measure.WORKERS, len(updated), WorkerResult.UPDATED)
     started = parse_time(wave.started_at)

@@ -1,10 +1,10 @@
 """What a worker's reports say about its load of the target version. Pure; table-tested."""
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from enum import Enum, auto
 
 from ckpt_api.agent_api import AgentStatus
-from ckpt_api.status import WorkerStatus
+from ckpt_api.status import CheckpointRolloutStatus, WorkerStatus
 from ckpt_api.vocabulary import AgentState, WorkerPhase, WorkerReason
 
 
@@ -23,15 +23,43 @@ DECIDED = frozenset({Outcome.UPDATED, Outcome.FAILED, Outcome.GONE})
 
 
 def reported_outcome(entry: WorkerStatus | None, *, target: str, present: bool, called: bool) -> Outcome:
-    """Outcome from the CR's ``status.workers`` entry (the agent's push or the operator's pull)."""
-    if entry is not None and entry.version == target:
-        if entry.phase is WorkerPhase.UPDATED:
-            return Outcome.UPDATED
-        if entry.phase is WorkerPhase.FAILED:
-            return Outcome.FAILED
+    """Outcome from the CR's ``status.workers`` entry (the agent's push or the operator's pull).
+
+    A load that succeeded counts even once its pod has gone: the version was proven. A worker
+    whose pod has gone (or is being deleted: the pod cache drops it then) is gone whatever else
+    its agent reported: a drain or an eviction cancels the load as the agent shuts down, which
+    says nothing about the version. A load cancelled on a pod still selected is not decided
+    either: its agent stopped (a container restart), and the pull finds out what it serves."""
+    if loaded(entry, target):
+        return Outcome.UPDATED
+    if present and entry is not None and settles(entry, target):
+        return Outcome.FAILED
     if not present:
         return Outcome.GONE
     return Outcome.WAITING if called else Outcome.UNCALLED
+
+
+def loaded(entry: WorkerStatus | None, version: str | None) -> bool:
+    """Whether ``entry`` says its worker loaded ``version``."""
+    return entry is not None and entry.version == version and entry.phase is WorkerPhase.UPDATED
+
+
+def settles(entry: WorkerStatus, version: str | None) -> bool:
+    """Whether ``entry`` decides the load of ``version``: it loaded, or it failed for a reason
+    other than its agent shutting down."""
+    if entry.phase is WorkerPhase.FAILED:
+        return entry.version == version and entry.reason != WorkerReason.CANCELLED
+    return loaded(entry, version)
+
+
+def failed_workers(status: CheckpointRolloutStatus, selected: Container[str]) -> list[str]:
+    """The selected pods whose load of the target version failed (a pod gone since is gone, not
+    failed: failures count against the budget only while their pods are in the fleet)."""
+    return sorted(
+        name
+        for name, entry in status.workers.items()
+        if name in selected and entry.phase is WorkerPhase.FAILED and settles(entry, status.target_version)
+    )
 
 
 def pulled_outcome(agent_status: AgentStatus, *, target: str) -> tuple[Outcome, str, str]:

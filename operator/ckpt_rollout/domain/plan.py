@@ -13,6 +13,7 @@ from ckpt_api.spec import CheckpointRolloutSpec
 from ckpt_api.status import CheckpointRolloutStatus, Condition, WaveStatus, WorkerStatus
 from ckpt_api.vocabulary import EventReason, EventType, WaveKind, WavePhase, WorkerPhase
 from ckpt_rollout.domain.conditions import Verdict, evaluate_conditions
+from ckpt_rollout.domain.outcomes import failed_workers
 from ckpt_rollout.domain.troubles import Trouble
 from ckpt_rollout.domain.world import Memory, Now, Peer, Pod, Tuning
 
@@ -201,9 +202,8 @@ def updated_replicas(status: CheckpointRolloutStatus) -> int:
 
 def derived_counters(status: CheckpointRolloutStatus, rollout: Rollout) -> dict[str, object]:
     """Counters for kubectl and kstatus, re-derived from waves and workers on every step."""
-    target = status.target_version
     done = [w for w in status.waves if w.phase is WavePhase.COMPLETED]
-    failed = sum(1 for e in status.workers.values() if e.version == target and e.phase is WorkerPhase.FAILED)
+    failed = len(failed_workers(status, rollout.pods))
     spec_done = sum(1 for w in done if w.kind is WaveKind.SPEC)
     total = len(rollout.spec.strategy.waves)
     return {

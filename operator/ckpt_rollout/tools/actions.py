@@ -185,6 +185,20 @@ def refusal(action: str, obj: dict[str, Any]) -> str | None:
         return f"phase is {phase or 'unknown'}; only a Failed or RolledBack rollout is retried"
     if action == "skip-analysis" and _analyzing(obj) is None:
         return "no wave is being analyzed; nothing to skip"
+    if action == "abort":
+        return _not_started(obj)
+    return None
+
+
+def _not_started(obj: dict[str, Any]) -> str | None:
+    """Why there is no rollout of the desired version to abort yet (an abort names the rollout by
+    its start), or None."""
+    status = obj.get("status") or {}
+    version = desired_version(obj)
+    if version is None:
+        return "nothing to abort: its versionFrom has not been resolved yet"
+    if status.get("targetVersion") != version or not status.get("startedAt"):
+        return f"nothing to abort: the operator has not started rolling {version} out yet"
     return None
 
 
@@ -241,24 +255,26 @@ def skip_analysis(api: Any, namespace: str, name: str) -> str:
 
 
 def abort(api: Any, namespace: str, name: str) -> str:
-    version = desired_version(get(api, namespace, name))
-    if version is None:
-        raise ActionError(
-            f"{name}: nothing to abort: its versionFrom has not been resolved yet", EXIT_REFUSED
-        )
-    patch(api, namespace, name, {"metadata": {"annotations": {ABORT_ANNOTATION: version}}})
+    """Roll the version being rolled out back. The value names that rollout, "<startedAt>@<version>",
+    so it aborts no later rollout of the same version (the annotation stays on the CR)."""
+    obj = _checked("abort", get(api, namespace, name), name)
+    version = desired_version(obj)
+    value = f"{(obj.get('status') or {}).get('startedAt')}@{version}"
+    patch(api, namespace, name, {"metadata": {"annotations": {ABORT_ANNOTATION: value}}})
     return f"{name}: aborting {version}; updated workers go back to the previous version"
 
 
 def retry(api: Any, namespace: str, name: str) -> str:
     """Roll the same version out again after it ended Failed or RolledBack. An abort of that
-    version is withdrawn in the same patch: left in place, it would stop the retry at once."""
+    version is withdrawn in the same patch (an operator from before aborts named their rollout
+    would stop the retry at once)."""
     obj = _checked("retry", get(api, namespace, name), name)
     phase = (obj.get("status") or {}).get("phase")
     version = desired_version(obj)
     token = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + f".{time.time_ns() % 1_000_000:06d}"
     annotations: dict[str, str | None] = {RETRY_ANNOTATION: token}
-    aborted = ((obj.get("metadata") or {}).get("annotations") or {}).get(ABORT_ANNOTATION) == version
+    value = ((obj.get("metadata") or {}).get("annotations") or {}).get(ABORT_ANNOTATION) or ""
+    aborted = value.rpartition("@")[2] == version
     if aborted:
         annotations[ABORT_ANNOTATION] = None  # merge patch: null removes the key
     patch(api, namespace, name, {"metadata": {"annotations": annotations}})

@@ -24,6 +24,10 @@ class EngineUnavailable(Exception):
 class Engine(EngineControl, Protocol):
     name: str
     supports_infer: bool
+    # The smoke check can probe the engine while it is paused to traffic (an in-process forward
+    # pass is no traffic): the service then keeps traffic held from the apply until the verdict.
+    # False for engines that answer the probe through the very API their pause holds.
+    checks_while_paused: bool
 
     async def start(self) -> None: ...
 
@@ -41,7 +45,8 @@ class Engine(EngineControl, Protocol):
         ...
 
     async def smoke(self, check: HealthCheckRequest, reference: OutputReference | None) -> Verdict:
-        """Probe the weights just loaded (engine resumed, pod not Ready yet): a forward pass, or
+        """Probe the weights just loaded (pod not Ready yet; the engine still paused when
+        `checks_while_paused`, else resumed): a forward pass, or
         a short generation of `check.prompt`; `reference`: the version manifest's. The caller
         bounds it by `check.timeout_seconds`; a LoadError counts as a failed check."""
         ...

@@ -174,6 +174,8 @@ class DiskStagedEngine:
     name = "disk-staged"
     label = "the engine"
     supports_infer = False
+    # The check generates through the server's own API, which its pause holds back.
+    checks_while_paused = False
 
     def __init__(
         self,

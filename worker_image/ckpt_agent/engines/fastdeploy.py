@@ -85,6 +85,8 @@ class _Unreached(LoadError):
 class FastDeployEngine:
     name = "fastdeploy"
     supports_infer = False
+    # The check generates through /v1/completions, which FastDeploy's pause holds back.
+    checks_while_paused = False
 
     def __init__(
         self,

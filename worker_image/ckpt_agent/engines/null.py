@@ -22,6 +22,7 @@ from ckpt_api.agent_api import HealthCheckRequest
 class NullEngine:
     name = "null"
     supports_infer = False
+    checks_while_paused = True  # nothing to probe
 
     def __init__(self, load_seconds: float = 0.0) -> None:
         # Optional simulated apply time, spent paused as a real apply would be.

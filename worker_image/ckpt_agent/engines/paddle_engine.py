@@ -42,6 +42,7 @@ from ckpt_api.agent_api import HealthCheckRequest
 class PaddleEngine:
     name = "paddle"
     supports_infer = True
+    checks_while_paused = True  # the check's forward pass runs whoever holds the pause
 
     def __init__(
         self,

@@ -15,6 +15,9 @@ LOAD = "load"
 # Held after a load that left weights nobody can vouch for: the engine stays paused (its own
 # /health may still route traffic to it) until a load succeeds; a user's resume does not lift it.
 WEIGHTS_LOST = "weights-lost"
+# Held from the end of a load's apply until its smoke check decides (and, when it fails, until
+# the previous version is back): nobody is served weights that have not passed their checks.
+CHECK = "check"
 
 
 class EngineControl(Protocol):
@@ -28,6 +31,8 @@ class PauseGate:
         self._engine = engine
         self._holders: set[str] = set()
         self._lock = asyncio.Lock()
+        # holder -> who holds the engine in its place once it lets go (see hand_over).
+        self._successors: dict[str, str] = {}
         # Seconds each holder spent in hold(), summed until reset: what a load's apply cost in
         # paused time (FastDeploy's update_cost, in a synchronous update_weights answer).
         self.held_seconds: dict[str, float] = {}
@@ -42,11 +47,22 @@ class PauseGate:
                 await self._engine.pause()
             self._holders.add(holder)
 
+    def hand_over(self, holder: str, successor: str | None) -> None:
+        """When `holder` next lets go, `successor` holds the engine paused in its place, with no
+        resume between (None: forget it). Whoever arranges it releases `successor`."""
+        if successor is None:
+            self._successors.pop(holder, None)
+        else:
+            self._successors[holder] = successor
+
     async def release(self, holder: str) -> None:
         async with self._lock:
             if holder not in self._holders:
                 return
             self._holders.discard(holder)
+            successor = self._successors.pop(holder, None)
+            if successor is not None:
+                self._holders.add(successor)
             if not self._holders:
                 await self._engine.resume()
 

@@ -49,7 +49,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         kept = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
         return _error(ErrorBody(error=exc.reason, message=exc.text or exc.reason), exc.status, kept)
     except EngineUnavailable as exc:
-        return _error(ErrorBody(error=ErrorCode.ENGINE_UNAVAILABLE, message=str(exc)), 503)
+        # Paused for a load or its smoke check: worth asking again in a moment.
+        return _error(
+            ErrorBody(error=ErrorCode.ENGINE_UNAVAILABLE, message=str(exc)), 503, {"Retry-After": "1"}
+        )
     except LoadError as exc:
         # Only a remote engine's failure outside a load gets here (pause calls answer their own).
         return _error(ErrorBody(error=exc.reason, message=exc.message), 502)
@@ -138,7 +141,11 @@ async def infer(request: web.Request) -> web.Response:
             reason=ErrorCode.NOT_SUPPORTED,
             status=404,
         )
-    output = await service.engine.infer()
+    try:
+        output = await service.engine.infer()
+    except EngineUnavailable as exc:
+        holders = service.gate.holders
+        raise EngineUnavailable(f"{exc} (held by: {', '.join(holders)})" if holders else str(exc)) from None
     result = InferResult(version=service.live.version if service.live else None, output=output)
     return web.json_response(result.to_wire())
 

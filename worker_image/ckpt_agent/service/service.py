@@ -6,7 +6,8 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 
 import prometheus_client
@@ -14,7 +15,7 @@ import prometheus_client
 from ckpt_agent.common.errors import LoadError, Reason, RequestError
 from ckpt_agent.common.metrics import PEER, SOURCE, AgentMetrics
 from ckpt_agent.engines.base import Engine, LiveWeights, LoadJob, LoadOutcome
-from ckpt_agent.pipeline.pause_gate import LOAD, USER, PauseGate
+from ckpt_agent.pipeline.pause_gate import CHECK, LOAD, USER, WEIGHTS_LOST, PauseGate
 from ckpt_agent.pipeline.reader import LoadProgress
 from ckpt_agent.pipeline.relay_copy import RelayCopy
 from ckpt_agent.pipeline.relay_peer import PEER_TLS, PeerTLS, is_peer_fault
@@ -121,6 +122,9 @@ class AgentService:
         self.relay: RelayCopy | None = None
         self._fallback: str | None = None  # why the current load left its peer for the source
         self._check: CheckResult | None = None  # the current load's smoke check, once it ran
+        # The engine is held paused (WEIGHTS_LOST) because weights that failed their smoke check
+        # could not be replaced: lifted by the next load that succeeds.
+        self._holds_failed_weights = False
         self._peer_bytes = 0
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -291,8 +295,9 @@ class AgentService:
             )
         self._check = None
         try:
-            outcome = await self._load(job, rollout.name if rollout else None)
-            await self._smoke(job, outcome)
+            async with self._traffic_held_until_checked(job):
+                outcome = await self._load(job, rollout.name if rollout else None)
+                await self._smoke(job, outcome)
         except Exception as exc:
             error = (
                 exc if isinstance(exc, LoadError) else LoadError(Reason.ENGINE_ERROR, f"load failed: {exc!r}")
@@ -344,10 +349,39 @@ class AgentService:
             self.target = None
             self.metrics.load_in_progress.set(0)
 
+    @asynccontextmanager
+    async def _traffic_held_until_checked(self, job: LoadJob) -> AsyncIterator[None]:
+        """Around a load and its smoke check: on an engine that can be probed paused, the pause
+        of the apply is handed to CHECK and held until the verdict, and on a failed check until
+        the previous version is back, so no request (the pod's readiness aside: a client may call
+        the pod directly) is answered from weights that have not passed. Weights that failed and
+        could not be replaced stay paused (WEIGHTS_LOST) until a load succeeds."""
+        hold = job.health_check is not None and self.engine.checks_while_paused
+        if hold:
+            self.gate.hand_over(LOAD, CHECK)
+        try:
+            yield
+        except LoadError as exc:
+            if hold and exc.weights_lost and exc.reason == Reason.HEALTH_CHECK_FAILED:
+                self.gate.hand_over(CHECK, WEIGHTS_LOST)
+                if CHECK in self.gate.holders:
+                    self._holds_failed_weights = True
+            raise
+        else:
+            if self._holds_failed_weights:
+                self._holds_failed_weights = False
+                await self.gate.release(WEIGHTS_LOST)
+        finally:
+            self.gate.hand_over(LOAD, None)
+            # Shielded: a cancelled load must still resume the engine it held.
+            await asyncio.shield(self.gate.release(CHECK))
+            self.gate.hand_over(CHECK, None)
+
     async def _smoke(self, job: LoadJob, outcome: LoadOutcome) -> None:
-        """The request's smoke check of the weights just applied (engine resumed, pod not Ready
-        yet). On failure the previous version is loaded back, and LoadError(HealthCheckFailed)
-        raised: with `weights_lost` when there was none, or loading it back failed too."""
+        """The request's smoke check of the weights just applied (pod not Ready yet; the engine
+        still paused where it can be probed so: _traffic_held_until_checked). On failure the
+        previous version is loaded back, and LoadError(HealthCheckFailed) raised: with
+        `weights_lost` when there was none, or loading it back failed too."""
         if job.health_check is None:
             return
         probe = self.engine.smoke(job.health_check, outcome.reference)
