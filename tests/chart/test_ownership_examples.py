@@ -1,10 +1,11 @@
 """examples/gitops/ownership-*.yaml: every CR is a valid stored spec, and the Argo CD sync the
 e2e tier emulates (ckpt_e2e.gitops_sync) substitutes the ignored field only when the
-Application respects its ignoreDifferences."""
+Application respects its ignoreDifferences; the trainer's command in a header works as written."""
 
 from __future__ import annotations
 
 import copy
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ import yaml
 
 from ckpt_api.spec import DeclaredRolloutSpec
 from ckpt_e2e.gitops_sync import FLUX_IF_NOT_PRESENT, FLUX_SSA_ANNOTATION, argocd_target, ignored_pointers
+from ckpt_rollout import cli
+from ckpt_rollout.tools.release import publish_dir
 
 GITOPS = Path(__file__).resolve().parents[2] / "examples" / "gitops"
 OWNERSHIP = sorted(GITOPS.glob("ownership-*.yaml"))
@@ -74,3 +77,26 @@ def test_argocd_applies_the_live_value_only_when_it_respects_ignore_differences(
     assert {k: v for k, v in target["spec"].items() if k != "version"} == {
         k: v for k, v in git["spec"].items() if k != "version"
     }
+
+
+def _commented_command(path: Path, program: str) -> list[str]:
+    """The command a header comment shows (`# ` lines, `\\` continuations), as argv."""
+    lines = [line.removeprefix("#").strip() for line in path.read_text().splitlines() if line.startswith("#")]
+    start = next(i for i, line in enumerate(lines) if line.startswith(program + " "))
+    joined = lines[start]
+    for line in lines[start + 1 :]:
+        if not joined.endswith("\\"):
+            break
+        joined = joined.removesuffix("\\") + " " + line
+    return shlex.split(joined)[1:]
+
+
+def test_the_trainers_release_command_works_as_written() -> None:
+    """The header's `ckpt-rollout release` parses and can publish behind the CR's source: a
+    served (http) source needs --publish-root, which the command must name."""
+    path = GITOPS / "ownership-version-from.yaml"
+    args = cli.build_parser().parse_args(_commented_command(path, "ckpt-rollout release"))
+    cr = _doc(path, "CheckpointRollout")
+    assert (args.rollout, args.namespace) == (cr["metadata"]["name"], cr["metadata"]["namespace"])
+    assert args.source_dir is not None, "the trainer publishes its checkpoint with it"
+    publish_dir(cr["spec"]["source"]["uri"], None if args.publish_root is None else Path(args.publish_root))
