@@ -12,9 +12,11 @@ delete it: helm's `crds.keep` (on by default) leaves it in place on uninstall, a
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import tarfile
 from collections.abc import Iterator
@@ -26,11 +28,13 @@ import pytest
 import yaml
 
 from ckpt_agent.server.auth import Access, UserInfo, access_review
+from ckpt_api.tls import AGENT_CA_SECRET, AGENT_TLS_SECRET, agent_server_name, ca_context, server_context
 from ckpt_api.vocabulary import LEASE_NAME
 from ckpt_e2e.fixtures import ClusterHandle
 from ckpt_e2e.kubectl import Kubectl
 from ckpt_e2e.procs import wait_for
 from ckpt_e2e.provision import resolve
+from ckpt_e2e.rollout_env import CLI
 from ckpt_e2e.versions import KUBERNETES
 
 pytestmark = pytest.mark.integration
@@ -193,22 +197,114 @@ def test_kubectl_apply_crds_alone_serves_the_crd(kube: Kubectl, namespace: str) 
     assert kube.json("get", "ckr", "-n", namespace)["items"][0]["metadata"]["name"] == "rollout-worker"
 
 
+WORKER_SA = "ckpt-rollout-worker"
+# What a worker agent calls (the chart's worker RBAC), asked of the worker ServiceAccount.
+WORKER_CALLS = [
+    ("get", "checkpointrollouts.rollout.ckpt.dev"),
+    ("patch", "checkpointrollouts.rollout.ckpt.dev/status"),
+    ("get", "pods"),
+    ("patch", "pods/status"),
+]
+# What `helm uninstall` keeps for running workers (README, Uninstall), and how README removes it.
+KEPT = ",".join([
+    "serviceaccount", "role", "rolebinding", "secret", "clusterrole", "clusterrolebinding",
+    "validatingadmissionpolicy", "validatingadmissionpolicybinding",
+])  # fmt: skip
+
+
+def _delete_kept(kube: Kubectl, release: str) -> None:
+    """README's clean-up after `helm uninstall`, once no worker runs."""
+    selector = f"app.kubernetes.io/instance={release},app.kubernetes.io/component=worker-agent"
+    kube.run("delete", KEPT, "-A", "-l", selector, "--ignore-not-found")
+
+
+def _secret_file(kube: Kubectl, namespace: str, name: str, key: str, dest: Path) -> Path:
+    data = kube.json("get", "secret", name, "-n", namespace)["data"]
+    dest.write_bytes(base64.b64decode(data[key]))
+    return dest
+
+
+def _verifies(server: ssl.SSLContext, client: ssl.SSLContext, name: str) -> None:
+    """An in-memory TLS handshake: the operator (`client`) verifying an agent (`server`) for `name`."""
+    c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
+    sides = (
+        (client.wrap_bio(c_in, c_out, server_hostname=name), c_out, s_in),
+        (server.wrap_bio(s_in, s_out, server_side=True), s_out, c_in),
+    )
+    for _ in range(10):
+        done = 0
+        for tls, sent, peer in sides:
+            try:
+                tls.do_handshake()
+                done += 1
+            except ssl.SSLWantReadError:
+                pass
+            peer.write(sent.read())
+        if done == 2:
+            return
+    raise AssertionError("handshake did not finish")
+
+
+def _worker_status_write_refused(kube: Kubectl, namespace: str) -> str | None:
+    """The apiserver's refusal of the worker account writing a rollout's status with a token
+    bound to no pod (impersonated), None while it lets the write through (RBAC allows it: only
+    the admission policies refuse it, once their binding is in force)."""
+    result = kube.run(
+        "patch", "ckr", "rollout-worker", "-n", namespace, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": {"message": "written by a worker"}}),
+        f"--as={_sa(namespace, WORKER_SA)}", f"--as-group=system:serviceaccounts:{namespace}",
+        check=False,
+    )  # fmt: skip
+    return result.stderr if result.returncode != 0 else None
+
+
 @pytest.mark.usefixtures("readme_namespaces")
-def test_kubectl_install_path(kube: Kubectl) -> None:
-    # README, "kubectl apply": the commands as written there.
+def test_kubectl_install_path(kube: Kubectl, tmp_path: Path) -> None:
+    # README, "kubectl apply": the commands as written there (namespace rl exists already).
     kube.run("apply", "-f", str(CRDS_DIR))
     kube.run("create", "namespace", SYSTEM_NS)
+    secrets = subprocess.run(
+        [*CLI, "tls-secrets", "--namespace", WORKER_NS], capture_output=True, text=True, check=True
+    ).stdout
+    kube.run("apply", "-f", "-", input=secrets)
     manifest = EXAMPLES / "kubectl" / "operator.yaml"
     kube.run("apply", "-f", str(manifest))
     try:
         _wait_served(kube, WORKER_NS)
-        _wait_operator_pod_running(kube, SYSTEM_NS, "ckpt-rollout")
+        pod = _wait_operator_pod_running(kube, SYSTEM_NS, "ckpt-rollout")
         operator = _sa(SYSTEM_NS, "ckpt-rollout")
         assert _can(kube, operator, "patch", "checkpointrollouts.rollout.ckpt.dev/status", WORKER_NS)
         assert _can(kube, operator, "watch", "pods", WORKER_NS)
         assert not _can(kube, operator, "get", "secrets", WORKER_NS)
         assert not _can(kube, operator, "delete", "pods", WORKER_NS)
+
+        # What the worker namespace needs: the example workers' ServiceAccount and its RBAC ...
+        assert _exists(kube, "serviceaccount", WORKER_SA, "-n", WORKER_NS)
+        worker = _sa(WORKER_NS, WORKER_SA)
+        for verb, resource in WORKER_CALLS:
+            assert _can(kube, worker, verb, resource, WORKER_NS), (verb, resource)
+        assert _can(kube, worker, "create", "tokenreviews.authentication.k8s.io", None)
+        assert _can(kube, worker, "create", "subjectaccessreviews.authorization.k8s.io", None)
+        assert _may(kube, worker, "get", "agents/relay", WORKER_NS)
+        # ... the admission policies in force for it ...
+        _create_example_rollout(kube, WORKER_NS)
+        refusal = wait_for(lambda: _worker_status_write_refused(kube, WORKER_NS), WAIT, "the worker policy")
+        # Impersonation carries no user extras, so the policy fails closed rather than naming the
+        # missing pod; either way it is the policy, bound to the worker account, that refuses.
+        policy = "ValidatingAdmissionPolicy 'ckpt-rollout-worker-checkpointrollouts-status'"
+        assert policy in refusal, refusal
+        assert "denied request" in refusal, refusal
+        # ... and the agents' TLS: what the operator pod mounts verifies the namespace's agents.
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        assert volumes["agent-ca"]["secret"]["secretName"] == AGENT_CA_SECRET
+        trust = ca_context(_secret_file(kube, SYSTEM_NS, AGENT_CA_SECRET, "ca.crt", tmp_path / "ca.crt"))
+        agent = server_context(
+            _secret_file(kube, WORKER_NS, AGENT_TLS_SECRET, "tls.crt", tmp_path / "tls.crt"),
+            _secret_file(kube, WORKER_NS, AGENT_TLS_SECRET, "tls.key", tmp_path / "tls.key"),
+        )
+        _verifies(agent.current(), trust.current(), agent_server_name(WORKER_NS))
     finally:
+        kube.run("-n", WORKER_NS, "delete", "ckr", "rollout-worker", "--ignore-not-found")
         kube.run("delete", "-f", str(manifest), "--ignore-not-found", "--wait=false")
         _delete_namespace(kube, SYSTEM_NS)
 
@@ -386,6 +482,7 @@ def test_helm_rbac_for_watched_namespaces_leases_and_workers(
             assert not _can(kube, worker, verb, resource, workers), (verb, resource)
     finally:
         helm("uninstall", release, "-n", namespace, "--wait", f"--timeout={WAIT:.0f}s", check=False)
+        _delete_kept(kube, release)
         for extra in (workers, elsewhere):
             kube.run("delete", "namespace", extra, "--ignore-not-found", "--wait=false")
 
@@ -461,6 +558,7 @@ def test_flux_helmrelease_installs(helm: HelmCli, kube: Kubectl, tmp_path: Path)
     finally:
         helm("uninstall", name, "--namespace", target, "--wait", f"--timeout={WAIT:.0f}s")
         assert _crd_established(kube)
+        _delete_kept(kube, name)
         _delete_namespace(kube, target)
 
 
@@ -496,6 +594,29 @@ def test_worker_example_deploys_with_the_chart_rbac(helm: HelmCli, kube: Kubectl
         helm("uninstall", "ckpt-rollout", "-n", SYSTEM_NS, "--wait", f"--timeout={WAIT:.0f}s")
         installed = False
         assert kube.json("get", "ckr", "rollout-worker", "-n", WORKER_NS)["metadata"]["uid"] == uid
+        # What the running workers use stays (README, Uninstall): their account, its RBAC, the
+        # admission policies and their TLS Secret.
+        assert _exists(kube, "serviceaccount", WORKER_SA, "-n", WORKER_NS)
+        for verb, resource in WORKER_CALLS:
+            assert _can(kube, worker, verb, resource, WORKER_NS), (verb, resource, "after uninstall")
+        assert _can(kube, worker, "create", "tokenreviews.authentication.k8s.io", None)
+        assert _exists(kube, "secret", AGENT_TLS_SECRET, "-n", WORKER_NS)
+        assert _exists(kube, "validatingadmissionpolicybinding", "ckpt-rollout-worker-pods-status")
+        assert not _exists(kube, "deployment", "ckpt-rollout", "-n", SYSTEM_NS)
+        # Installing again adopts them.
+        installed = True
+        helm(
+            "upgrade", "--install", "ckpt-rollout", str(CHART), "-n", SYSTEM_NS,
+            "--set", "workerRbac.enabled=true", "--set", f"workerRbac.namespaces={{{WORKER_NS}}}",
+            "--wait", f"--timeout={WAIT:.0f}s",
+        )  # fmt: skip
+        helm("uninstall", "ckpt-rollout", "-n", SYSTEM_NS, "--wait", f"--timeout={WAIT:.0f}s")
+        installed = False
+        # README's clean-up once no worker runs.
+        _delete_kept(kube, "ckpt-rollout")
+        assert not _exists(kube, "serviceaccount", WORKER_SA, "-n", WORKER_NS)
+        assert not _exists(kube, "clusterrolebinding", "ckpt-rollout-worker-tokenreview")
+        assert not _exists(kube, "validatingadmissionpolicy", "ckpt-rollout-worker-pods-status")
     finally:
         kube.run("-n", WORKER_NS, "delete", "deployment", "rollout-worker", "--ignore-not-found")
         kube.run("-n", WORKER_NS, "delete", "ckr", "rollout-worker", "--ignore-not-found")
@@ -503,4 +624,5 @@ def test_worker_example_deploys_with_the_chart_rbac(helm: HelmCli, kube: Kubectl
             helm(
                 "uninstall", "ckpt-rollout", "-n", SYSTEM_NS, "--wait", f"--timeout={WAIT:.0f}s", check=False
             )
+        _delete_kept(kube, "ckpt-rollout")
         _delete_namespace(kube, SYSTEM_NS)
