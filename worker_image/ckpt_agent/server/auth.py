@@ -282,6 +282,11 @@ async def _review(call: Callable[..., Awaitable[Any]], body: Any, what: str) -> 
         # model validation quirks must not turn into a 500.
         response = await call(body, _preload_content=False, _request_timeout=TOKENREVIEW_TIMEOUT_S)
         try:
+            # Without _preload_content the client does not raise on an error status: a 500 or
+            # 429 body must not be read as a review that authenticated nobody.
+            if not 200 <= response.status <= 299:
+                log.warning("%s failed: HTTP %s", what, response.status)
+                return int(response.status)
             payload = json.loads(await response.read())
         finally:
             response.release()
