@@ -7,7 +7,19 @@ CRD_FILE := crds/checkpointrollouts.rollout.ckpt.dev.yaml
 MANIFEST_SCHEMA := operator/ckpt_api/manifest.schema.json
 PYPATHS := operator:worker_image:e2e
 
-.PHONY: install system-deps test unit lint crds verify demo clean
+# Test tiers by cost (markers that ckpt_e2e.tiers gives each test from what it needs; any subset
+# is one flag, e.g. `pytest -m 'not cluster'`):
+#   make check   lint, types, layers and the quick tests: the loop after each edit (< 2 min on 2 cores)
+#   make unit    every test that needs no cluster: the quick ones, mutation, benches, fuzzing
+#   make test    everything (README's command, CI): set-up, lint, the cluster-free tiers on every
+#                core, then the cluster, image and real-node tiers (one control plane per session)
+QUICK := not (cluster or images or realnode or mutation or bench or fuzz)
+CLUSTER_FREE := not (cluster or images or realnode)
+CLUSTER_TIERS := cluster or images or realnode
+# pytest-xdist workers for the cluster-free tiers (auto: one per core).
+JOBS ?= auto
+
+.PHONY: install system-deps test unit check tools lint crds verify demo clean
 
 install: $(VENV)/.installed
 
@@ -32,15 +44,25 @@ lock: install
 	$(BIN)/python -m ckpt_e2e.lockfile
 
 # README's test command: all set-up (system packages, venv, control-plane binaries, both images),
-# then lint, types, layering and every test tier; nothing is skipped for a missing tool.
+# then lint, types, layering and every test tier; nothing is skipped for a missing tool. Both
+# pytest runs go on when the first fails, so one run reports every failure.
 test: install system-deps provision images lint
-	$(BIN)/pytest
+	rc=0; \
+	$(BIN)/pytest -n $(JOBS) -m "$(CLUSTER_FREE)" || rc=$$?; \
+	$(BIN)/pytest -m "$(CLUSTER_TIERS)" || rc=$$?; \
+	exit $$rc
 
-# The tiers that need no cluster; helm (chart rendering), promtool (alert rule tests) and
-# shellcheck come with it, so a fresh machine's `make unit` skips nothing either.
-unit: install system-deps
+# The tools the cluster-free tests run: helm (chart rendering) and promtool (alert rule tests),
+# built once and cached like the control plane; shellcheck and lua come with system-deps. So a
+# fresh machine's `make check` or `make unit` skips nothing either.
+tools: system-deps
 	python3 e2e/ckpt_e2e/provision.py helm promtool > /dev/null
-	$(BIN)/pytest tests
+
+unit: install tools
+	$(BIN)/pytest -n $(JOBS) -m "$(CLUSTER_FREE)"
+
+check: install tools lint
+	$(BIN)/pytest -n $(JOBS) -m "$(QUICK)" tests
 
 lint: install
 	$(BIN)/ruff check .

@@ -15,6 +15,7 @@ import pytest
 LIMIT_S = 2400
 
 
+@pytest.mark.mutation
 @pytest.mark.timeout(LIMIT_S)
 def test_pure_core_mutation_score() -> None:
     proc = subprocess.run(

@@ -21,6 +21,9 @@ import pytest
 from ckpt_e2e.dockerfile import copy_file_set, entrypoint
 from ckpt_e2e.procs import spawn_server
 
+# Each fixture builds a venv from the image's file set (pip, minutes cold): the images tier.
+pytestmark = pytest.mark.images
+
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "checkpointrollouts.rollout.ckpt.dev.yaml"
 

@@ -87,6 +87,7 @@ def _host_state() -> dict[str, object]:
     }
 
 
+@pytest.mark.realnode
 @pytest.mark.skipif("CKPT_E2E_KUBECONFIG" in os.environ, reason="tests the local control plane")
 def test_real_node_teardown_leaves_nothing(record_property: Callable[[str, object], None]) -> None:
     """A real node with a running pod (its sandbox, network namespace, volumes, log link, a
@@ -190,6 +191,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.realnode
 @pytest.mark.skipif("CKPT_E2E_KUBECONFIG" in os.environ, reason="tests the local control plane")
 def test_a_killed_runs_real_node_is_swept_by_the_next(tmp_path: Path) -> None:
     """SIGKILL runs no teardown: the kubelet and containerd die with the harness (parent-death

@@ -102,6 +102,7 @@ async def test_agent_and_source_as_real_processes(tree: Tree, tmp_path: Path) ->
             assert await asyncio.wait_for(proc.wait(), 30) == 0
 
 
+@pytest.mark.bench
 def test_bench_dataplane_reports_every_figure(tmp_path: Path) -> None:
     results = run_dataplane(size_mb=4, tensor_mb=1, chunk_mb=1, repeat=1, workdir=str(tmp_path))
     for key in (

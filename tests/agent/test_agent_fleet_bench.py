@@ -14,7 +14,10 @@ import pytest
 
 from ckpt_e2e.bench.netns import NS_PREFIX, NetnsError, Topology, missing_prerequisites, sweep_stale, tx_bytes
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+pytestmark = [
+    pytest.mark.bench,
+    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root"),
+]
 
 
 @pytest.fixture(autouse=True)

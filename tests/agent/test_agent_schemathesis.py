@@ -33,6 +33,10 @@ from schemathesis.specs.openapi.checks import (
 from ckpt_api.agent_api import PREFER_HEADER, RESPOND_ASYNC
 from ckpt_api.agent_openapi import ENDPOINTS, OPENAPI_PATH, Endpoint
 
+# Generated requests by the thousand against a real agent process: a minute and more of a core,
+# so outside the quick loop (`make check`); `make unit` and `make test` run it.
+pytestmark = pytest.mark.fuzz
+
 TOKEN = "schemathesis-t0ken"
 MAX_EXAMPLES = 100
 CHECKS = [
