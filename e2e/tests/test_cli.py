@@ -31,6 +31,17 @@ def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     )
 
 
+def _into_a_closed_pipe(*args: str) -> subprocess.CompletedProcess[str]:
+    """The command with its stdout a pipe whose reader has gone (`... | head -5` once head has
+    its lines): every write fails."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run([*CLI, *args], stdout=write, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write)
+
+
 def _one_line_error(result: subprocess.CompletedProcess[str], code: int, text: str) -> None:
     assert result.returncode == code, (result.returncode, result.stderr)
     lines = result.stderr.strip().splitlines()
@@ -80,6 +91,9 @@ def test_not_found_output_formats_and_promote_refused(
     wide = _run("status", "fleet", *base, "-o", "wide")
     assert wide.returncode == 0, wide.stderr
     assert "Name:" in wide.stdout
+    assert "Source:     http://127.0.0.1:9/x  (manifest not pinned)" in wide.stdout, "wide says more"
+    piped = _into_a_closed_pipe("status", "fleet", *base)
+    assert (piped.returncode, piped.stderr) == (141, ""), "like a tool SIGPIPE ended: no traceback"
 
     # No operator runs here: the rollout never paused, so there is nothing to promote.
     _one_line_error(_run("promote", "fleet", *base), 5, "not paused after a wave")
@@ -144,7 +158,7 @@ def test_watch_prints_one_line_per_change_when_not_a_terminal(
     status = rollouts.status("fleet")
     (canary,) = status["waves"][0]["pods"]
     rest = ", ".join(status["waves"][1]["pods"])
-    assert f"wave 1: Completed (1 pods: {canary})" in lines
+    assert f"wave 1: Completed (1 pod: {canary})" in lines
     assert f"wave 2: Completed (2 pods: {rest})" in lines
     # Each worker ends Updated, and is named only when its state changes.
     for pod in [canary, *status["waves"][1]["pods"]]:

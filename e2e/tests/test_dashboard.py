@@ -92,6 +92,14 @@ def test_the_page_follows_a_rollout_live_and_its_buttons_act_like_the_cli(
     chip = card.locator(f'tr[data-wave="1"] [data-pod="{canary}"]')
     expect(chip).to_have_attribute("data-state", "Updated")
     expect(card.locator(f'tr[data-worker="{canary}"]')).to_have_attribute("data-state", "Updated")
+    # Every selected worker has a row, called or not; a completed wave says what it folded.
+    expect(card.locator("tr[data-worker]")).to_have_count(3)
+    expect(card.locator('tr[data-worker][data-state="Pending"]')).to_have_count(2)
+    expect(card.locator('tr[data-worker][data-state="Pending"] .message').first).to_have_text(
+        "in no wave yet"
+    )
+    expect(card.locator(f'tr[data-worker="{canary}"] .message')).to_have_text("figures folded into wave 1")
+    expect(card.locator('tr[data-wave="1"] .summary')).to_contain_text("1 updated, 0 failed, 0 gone; folded")
     expect(card.locator(".version")).to_have_text("v2")
     expect(card.locator(".updated")).to_have_text("1/3")
     expect(card.locator('button[data-action="promote"]')).to_be_enabled()

@@ -11,11 +11,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 Handler = Callable[[argparse.Namespace], int]
+EXIT_CLOSED_PIPE = 141
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return 2
-    return func(args)
+    try:
+        code = func(args)
+        sys.stdout.flush()  # here, where a closed pipe can still be caught
+    except BrokenPipeError:
+        # The reader left (`ckpt-rollout status x | head -5`): what is left to print is nobody's.
+        # Like a tool killed by SIGPIPE: exit 141 (128 + SIGPIPE), no traceback, and stdout
+        # pointed at /dev/null so the interpreter's own flush at exit fails no more.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_CLOSED_PIPE
+    return code
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from ckpt_rollout.tools import actions
-from ckpt_rollout.tools.dashboard import allowed_hosts, board_view
+from ckpt_rollout.tools.dashboard import Board, allowed_hosts, board_view
 
 
 @pytest.mark.parametrize(
@@ -78,3 +78,33 @@ def test_an_abort_waits_for_the_rollout_it_names(
     """An abort names its rollout by its start (status.startedAt of the version): before the
     operator started the version there is none to name."""
     assert actions.refusal("abort", {"metadata": {"name": "a"}, "spec": spec, "status": status}) == why
+
+
+def _pod(name: str, app: str, node: str = "n1") -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": "rl", "name": name, "labels": {"app": app}},
+        "spec": {"nodeName": node},
+        "status": {"phase": "Running"},
+    }
+
+
+def test_every_pod_a_rollout_selects_is_one_of_its_workers() -> None:
+    obj = _obj("a", "Progressing")
+    obj["spec"]["selector"] = {"matchLabels": {"app": "w"}}
+    board = Board()
+    board.replace_pods({("rl", p["metadata"]["name"]): p for p in (_pod("w-0", "w"), _pod("x-0", "x"))}, None)
+    workers = board_view({("rl", "a"): obj}, None, board.pods)["rollouts"][0]["workers"]
+    assert [(w["pod"], w["state"], w["node"], w["message"]) for w in workers] == [
+        ("w-0", "Pending", "n1", "in no wave yet")
+    ]
+
+
+def test_only_a_pod_change_the_board_shows_reaches_the_pages() -> None:
+    board = Board()
+    board.apply_pod("ADDED", _pod("w-0", "w"))
+    seen = board.generation
+    board.apply_pod("MODIFIED", _pod("w-0", "w"))  # e.g. a condition changed
+    assert board.generation == seen
+    board.apply_pod("MODIFIED", _pod("w-0", "w", node="n2"))
+    board.apply_pod("DELETED", _pod("w-0", "w", node="n2"))
+    assert (board.generation, board.pods["rl"]) == (seen + 2, {})

@@ -119,10 +119,9 @@ async def test_an_agent_that_cannot_review_our_token_is_called_again_not_failed(
     assert sorted(first) == [p.name for p in fleet]
     assert all(memory.busy_until[p.name] == pytest.approx(first[p.name] + tuning.busy_retry_s) for p in fleet)
     await reconciler.step(api.obj, fleet, memory, lambda *_: None)
-    # Nobody written as failed; each entry names what holds its worker up.
-    workers = api.obj["status"]["workers"]
-    assert {n: (e["phase"], e["reason"]) for n, e in workers.items()} == {
-        p.name: (WorkerPhase.PENDING, "AuthUnavailable") for p in fleet
-    }
+    workers = api.obj["status"].get("workers") or {}
+    assert all(e["phase"] != WorkerPhase.FAILED for e in workers.values()), "nobody written as failed"
+    # What holds each up, kept to be shown once it lasts (tests/operator/test_machine_stalls.py).
+    assert {n: t.reason for n, t in memory.troubles.items()} == dict.fromkeys(first, "AuthUnavailable")
     assert api.obj["status"]["phase"] == "Progressing"
     assert memory.call_times == first, "the worker timeout runs from the first attempt"

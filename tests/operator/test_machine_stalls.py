@@ -26,7 +26,7 @@ from ckpt_rollout.controller.executor import remember
 from ckpt_rollout.domain.machine import decide
 from ckpt_rollout.domain.mergepatch import merge_diff
 from ckpt_rollout.domain.plan import Plan, Rollout
-from ckpt_rollout.domain.troubles import Trouble
+from ckpt_rollout.domain.troubles import STALL_GRACE_S, Trouble
 from ckpt_rollout.domain.world import Memory
 
 AUTH = Trouble("AuthUnavailable", "the agent cannot check the operator's token (calling again): unavailable")
@@ -138,3 +138,15 @@ def test_a_finished_rollout_shows_none() -> None:
     plan = decide(finished, _waiting_on_the_canary(), TUNING, NOW)
     assert plan.status.message == "v2 is live on 1 pod"
     assert _warnings(plan) == []
+
+
+def test_a_trouble_just_met_is_shown_once_it_lasts() -> None:
+    """An agent still starting answers nothing for a moment: no news until STALL_GRACE_S."""
+    just = dataclasses.replace(AUTH, since=NOW.mono - 1)
+    plan = decide(rollout(CANARY_WAVE), _waiting_on_the_canary(just), TUNING, NOW)
+    assert (plan.status.message, _warnings(plan), plan.status.workers) == ("wave 1/2: 1 pod", [], {})
+    assert plan.wake_after is not None
+    assert plan.wake_after <= STALL_GRACE_S - 1
+    lasting = dataclasses.replace(AUTH, since=NOW.mono - STALL_GRACE_S)
+    plan = decide(rollout(CANARY_WAVE), _waiting_on_the_canary(lasting), TUNING, NOW)
+    assert _warnings(plan) == [f"{CANARY}: AuthUnavailable: {AUTH.message}"]

@@ -266,7 +266,7 @@ TOLD: dict[str, Told] = {
     "after-the-catch-up-the-spec-waves-start-from-the-first-which-it-may-already-cover": Told(
         [
             (N, R.WAVE_COMPLETED, "CatchUp wave completed: 1 updated"),
-            (N, R.WAVE_STARTED, "wave 1/2: 0 pods: "),
+            (N, R.WAVE_STARTED, "wave 1/2: 0 pods"),
             (N, R.WAVE_COMPLETED, "wave 1/2 completed: 0 updated"),
             *_NEXT_WAVE,
         ],

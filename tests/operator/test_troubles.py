@@ -125,7 +125,7 @@ PODS: list[tuple[str, tuple[dict[str, Any], float], tuple[str, str] | None]] = [
     (
         "creating-for-too-long",
         _pod(age=CREATING_GRACE_S + 5, **_waiting("ContainerCreating")),
-        ("ContainerCreating", "not created after 25s: usually a volume that cannot mount (a FailedMount"),
+        ("ContainerCreating", "not created within 20s: usually a volume that cannot mount (a FailedMount"),
     ),
     (
         "ended",

@@ -5,6 +5,7 @@ from typing import Any
 import pytest
 
 from ckpt_rollout.tools.views import progress_line, status_table, watch_exit_code
+from ckpt_rollout.tools.watchtable import rollout_view
 
 
 def _obj(phase: str | None, target: str = "v2", updated: int = 3, replicas: int = 5) -> dict[str, Any]:
@@ -89,3 +90,29 @@ def test_status_says_where_the_bytes_came_from(waves: list[dict[str, Any]], line
     obj["status"]["waves"] = waves
     pulled = [row for row in status_table(obj).splitlines() if row.startswith("Pulled:")]
     assert pulled == ([] if line is None else [line])
+
+
+def test_wide_adds_the_source_the_relay_each_waves_bytes_and_a_row_per_worker_with_its_node() -> None:
+    obj = _obj("Progressing")
+    obj["spec"].update(source={"uri": "http://src/ckpt"}, strategy={"peerRelay": True, "relayFanout": 2})
+    obj["status"]["waves"][0].update(bytesFromSource=3_000_000, bytesFromPeers=0)
+    pods = {"a": {"node": "n1"}, "b": {"node": "n1"}, "c": {"node": "n2"}, "d": {"node": "n2"}}
+    plain = status_table(obj)
+    wide = status_table(obj, wide=True, workers=rollout_view(obj, pods)["workers"])
+    assert "Source:" not in plain
+    assert "NODE" not in plain
+    assert "Source:     http://src/ckpt  (manifest not pinned)" in wide
+    assert "Relay:      peers on, fanout 2" in wide
+    wave_head = next(line for line in wide.splitlines() if line.startswith("WAVE"))
+    assert wave_head.endswith("ANALYSIS  FROM SOURCE  FROM PEERS")
+    assert next(line for line in wide.splitlines() if line.startswith("1 ")).endswith("3.0 MB       0 B")
+    rows = {
+        line.split()[0]: line.split() for line in wide.splitlines() if line[:2] in ("a ", "b ", "c ", "d ")
+    }
+    # The canary's success was folded into its wave; c is called next; d is in no wave yet.
+    assert rows["a"][:4] == ["a", "1", "Updated", "v2"]
+    assert " ".join(rows["a"]).endswith("n1 figures folded into wave 1")
+    assert rows["b"][:3] == ["b", "2", "Failed"]
+    assert rows["c"][:3] == ["c", "2", "Pending"]
+    assert rows["d"][:3] == ["d", "-", "Pending"]
+    assert " ".join(rows["d"]).endswith("n2 in no wave yet")

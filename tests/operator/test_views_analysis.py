@@ -97,7 +97,7 @@ def test_watch_table_and_change_lines_follow_the_analysis() -> None:
     assert "Running 1/6 (0 failed)" in wave_row
     assert wave_row.split()[-1] == "a=Updated"
     assert change_lines(None, first)[1:3] == [
-        "wave 1: Analyzing (1 pods: a)",
+        "wave 1: Analyzing (1 pod: a)",
         "wave 1 analysis: Running 1/6 (0 failed)",
     ]
     second = rollout_view(_obj(RUNNING))

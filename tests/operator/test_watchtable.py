@@ -112,7 +112,7 @@ def test_change_lines_name_only_what_changed() -> None:
     first = rollout_view(_obj(waves=[CANARY_DONE]))
     assert change_lines(None, first) == [
         "rl/fleet v2: Progressing, 1/3 updated, 0 failed, waves 1/2",
-        "wave 1: Completed (1 pods: a)",
+        "wave 1: Completed (1 pod: a)",
         "worker a: Updated v2",
     ]
     assert change_lines(first, first) == []
@@ -133,3 +133,32 @@ def test_change_lines_name_only_what_changed() -> None:
         "rl/fleet v2: RollingBack, 1/3 updated, 0 failed, waves 1/2",
         "worker b: Failed v2: Mismatch: t0",
     ]
+
+
+def test_every_selected_pod_is_a_worker_and_a_completed_wave_says_what_it_folded() -> None:
+    done = {**CANARY_DONE, "bytesFromSource": 4_000_000, "bytesFromPeers": 1_000_000}
+    view = rollout_view(_obj(waves=[done, SECOND]), {"a": {"node": "n1"}, "d": {"node": "n2"}})
+    workers = {w["pod"]: (w["wave"], w["state"], w["node"], w["message"]) for w in view["workers"]}
+    assert workers == {
+        "a": (1, "Updated", "n1", "figures folded into wave 1"),
+        "b": (2, "Loading", None, None),
+        "c": (2, "Pending", None, None),
+        "d": (None, "Pending", "n2", "in no wave yet"),
+    }
+    assert [w["summary"] for w in view["waves"]] == [
+        "1 updated, 0 failed, 0 gone; folded: 4.0 MB from source, 1.0 MB from peers",
+        None,
+    ]
+
+
+def test_a_wave_of_no_pod_lists_none() -> None:
+    empty = {"index": 1, "pods": [], "called": [], "phase": "Completed"}
+    assert change_lines(None, rollout_view(_obj(waves=[empty])))[1] == "wave 2: Completed (0 pods)"
+
+
+def test_a_stalled_worker_says_what_holds_it_up() -> None:
+    stalled = {"version": "v2", "phase": "Pending", "reason": "AuthUnavailable", "message": "cannot check"}
+    view = rollout_view(_obj(waves=[SECOND], workers={"b": stalled}))
+    assert "worker b: Pending v2: AuthUnavailable: cannot check" in change_lines(None, view)
+    row = next(line for line in render_table(view).splitlines() if line.startswith("b "))
+    assert row.endswith("AuthUnavailable: cannot check")

@@ -22,7 +22,7 @@ from ckpt_rollout.domain.mergepatch import merge_diff
 from ckpt_rollout.domain.outcomes import Outcome, pulled_outcome
 from ckpt_rollout.domain.plan import Call, Measure, Meta, Plan, Pull, Rollout
 from ckpt_rollout.domain.selectors import selector_matches
-from ckpt_rollout.domain.troubles import pod_trouble
+from ckpt_rollout.domain.troubles import ongoing, pod_trouble
 from ckpt_rollout.domain.world import Memory, Now, Peer, Pod, Tuning, parse_time, rfc3339
 from ckpt_rollout.io import metrics, promquery
 from ckpt_rollout.io.agent_client import AgentClient, CallResult
@@ -195,7 +195,7 @@ def record_call(
         # could not review our token while the apiserver is away: the request did nothing, so
         # calling again is safe. The worker timeout runs from the first attempt and bounds the
         # wait; meanwhile the cause is shown (domain.stalls).
-        memory.troubles[call.pod] = trouble
+        memory.troubles[call.pod] = ongoing(memory.troubles.get(call.pod), trouble, now)
         memory.call_times.setdefault(call.pod, now)
         memory.busy_until[call.pod] = now + tuning.busy_retry_s
         return
@@ -218,7 +218,7 @@ def record_pull(memory: Memory, pull: Pull, result: CallResult, now: float, stam
         # Unreachable for now (the worker timeout decides): why is shown meanwhile.
         trouble = result.trouble()
         if trouble is not None:
-            memory.troubles[pull.pod] = trouble
+            memory.troubles[pull.pod] = ongoing(memory.troubles.get(pull.pod), trouble, now)
         return
     memory.troubles.pop(pull.pod, None)
     outcome, reason, message = pulled_outcome(result.agent_status, target=pull.version)

@@ -481,7 +481,7 @@ def _start_wave(d: Draft, spec_index: int) -> bool:
     )
     d.set(Verdict(Phase.PROGRESSING, RolloutReason.WAVE_STARTED, message), message=message)
     shown = ", ".join(members[:5]) + (", ..." if len(members) > 5 else "")
-    d.event(EventType.NORMAL, EventReason.WAVE_STARTED, f"{message}: {shown}")
+    d.event(EventType.NORMAL, EventReason.WAVE_STARTED, f"{message}: {shown}" if members else message)
     return True
 
 

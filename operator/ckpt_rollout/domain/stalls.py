@@ -7,7 +7,7 @@ decides: a trouble the operator outwaits still fails the worker only at the work
 from ckpt_api.status import WorkerStatus
 from ckpt_api.vocabulary import EventReason, EventType, Phase, WavePhase, WorkerPhase
 from ckpt_rollout.domain.plan import Draft
-from ckpt_rollout.domain.troubles import STALL_REASONS, Trouble
+from ckpt_rollout.domain.troubles import STALL_GRACE_S, STALL_REASONS, Trouble
 from ckpt_rollout.domain.wording import counted
 
 # What status.message says after the rollout's own message while it waits on a stalled pod.
@@ -23,6 +23,9 @@ def note_stalls(d: Draft) -> None:
     target = rollback.version if rollback is not None else status.target_version
     stalled: dict[str, Trouble] = {}
     for pod, trouble in sorted(d.memory.troubles.items()):
+        if trouble.since is not None and d.now.mono - trouble.since < STALL_GRACE_S:
+            d.wake(trouble.since + STALL_GRACE_S - d.now.mono)
+            continue
         entry = status.workers.get(pod)
         decided = (
             entry is not None

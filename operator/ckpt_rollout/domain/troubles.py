@@ -7,12 +7,15 @@ listens yet) keeps the worker waiting until the worker timeout; the others fail 
 way the cause is shown while it lasts (ckpt_rollout.domain.stalls)."""
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from ckpt_api.vocabulary import ErrorCode, PodPhase, WorkerReason
+from ckpt_api.vocabulary import ConditionStatus, ErrorCode, PodPhase, WorkerReason
 
+# An agent's trouble is shown once it has lasted this long: an agent that is still starting
+# answers nothing for a moment, which is no news.
+STALL_GRACE_S = 3.0
 # A container still being created after this long is reported (a volume that cannot mount, the
 # most common cause, shows only in the pod's events as FailedMount).
 CREATING_GRACE_S = 20.0
@@ -33,9 +36,17 @@ class Trouble:
     reason: str
     message: str
     retried: bool = True  # the operator calls again (the worker timeout bounds the wait)
+    # Monotonic time it was first met (None: shown at once); not part of what it is.
+    since: float | None = field(default=None, compare=False)
 
     def line(self) -> str:
         return f"{self.reason}: {self.message}"
+
+
+def ongoing(previous: Trouble | None, trouble: Trouble, now: float) -> Trouble:
+    """``trouble`` met at ``now``, dated from when ``previous`` began if it is the same."""
+    same = previous is not None and previous.reason == trouble.reason and previous.since is not None
+    return replace(trouble, since=previous.since if same and previous is not None else now)
 
 
 TOKEN_UNAVAILABLE = "AgentTokenUnavailable"  # noqa: S105 (a reason, not a secret)
@@ -112,7 +123,7 @@ def pod_trouble(pod: dict[str, Any], now: float, created: float | None) -> Troub
         why = ": ".join(str(p) for p in (status.get("reason"), status.get("message")) if p)
         return Trouble(f"Pod{phase}", f"the pod has ended ({phase}){': ' + why if why else ''}")
     for condition in status.get("conditions") or []:
-        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+        if condition.get("type") == "PodScheduled" and condition.get("status") == ConditionStatus.FALSE:
             reason = condition.get("reason") or "Unschedulable"
             return Trouble(reason, f"the pod cannot be scheduled: {condition.get('message') or reason}")
     creating: list[str] = []
@@ -126,7 +137,8 @@ def pod_trouble(pod: dict[str, Any], now: float, created: float | None) -> Troub
     if creating and created is not None and now - created > CREATING_GRACE_S:
         return Trouble(
             "ContainerCreating",
-            f"container {creating[0]} not created after {now - created:.0f}s: usually a volume "
+            # No running count in the text: each look would rewrite status.message.
+            f"container {creating[0]} not created within {CREATING_GRACE_S:.0f}s: usually a volume "
             "that cannot mount (a FailedMount event: a missing Secret, ConfigMap or claim)",
         )
     return None

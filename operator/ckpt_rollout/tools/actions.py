@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,6 +106,56 @@ def patch(api: Any, namespace: str, name: str, body: dict[str, Any]) -> dict[str
     return obj
 
 
+def selected(obj: dict[str, Any], pods: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Of ``pods`` (pod summaries of ``obj``'s namespace, by name), those ``obj``'s selector
+    selects; none for a selector the models refuse."""
+    from pydantic import ValidationError
+
+    from ckpt_api.spec import LabelSelector
+    from ckpt_rollout.domain.selectors import selector_matches
+
+    try:
+        selector = LabelSelector.model_validate((obj.get("spec") or {}).get("selector") or {})
+    except ValidationError:
+        return {}
+    return {
+        name: dict(pod) for name, pod in pods.items() if selector_matches(selector, pod.get("labels") or {})
+    }
+
+
+def pod_summary(pod: dict[str, Any]) -> dict[str, Any]:
+    """What the views read of a pod (as the apiserver serves it): its name, namespace, labels,
+    node and phase."""
+    meta = pod.get("metadata") or {}
+    return {
+        "name": meta.get("name"),
+        "namespace": meta.get("namespace"),
+        "labels": meta.get("labels") or {},
+        "node": (pod.get("spec") or {}).get("nodeName"),
+        "phase": (pod.get("status") or {}).get("phase"),
+    }
+
+
+def list_pods(api: Any, namespace: str | None) -> dict[str, Any]:
+    """The pods of ``namespace`` (None: all) as the list call serves them (JSON)."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api.api_client)
+    call = (lambda: core.list_namespaced_pod(namespace)) if namespace else core.list_pod_for_all_namespaces
+    listed = request("list pods in", namespace or "*", "*", call)
+    served: dict[str, Any] = api.api_client.sanitize_for_serialization(listed)
+    return served
+
+
+def selected_pods(api: Any, namespace: str, obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The pods ``obj`` selects, by name (pod_summary). Empty where the user may not list pods."""
+    try:
+        listed = list_pods(api, namespace)
+    except ActionError:
+        return {}
+    return selected(obj, {p["name"]: p for p in map(pod_summary, listed.get("items") or [])})
+
+
 # -- watching ------------------------------------------------------------------------------------
 
 
@@ -128,6 +178,27 @@ def watch_events(
     )
     try:
         yield from stream
+    except ApiException as exc:
+        if exc.status != 410:
+            raise
+        yield {"type": "GONE"}
+
+
+def watch_pod_events(
+    api: Any, namespace: str | None, resource_version: str | None, timeout_s: int
+) -> Iterator[dict[str, Any]]:
+    """watch_events' counterpart for the pods of ``namespace`` (None: every namespace), each
+    event's object as JSON."""
+    from kubernetes import client, watch
+    from kubernetes.client.exceptions import ApiException
+
+    core = client.CoreV1Api(api.api_client)
+    call = core.list_pod_for_all_namespaces if namespace is None else core.list_namespaced_pod
+    args = () if namespace is None else (namespace,)
+    stream = watch.Watch().stream(call, *args, resource_version=resource_version, timeout_seconds=timeout_s)
+    try:
+        for event in stream:
+            yield {"type": event.get("type"), "object": event.get("raw_object") or {}}
     except ApiException as exc:
         if exc.status != 410:
             raise

@@ -44,8 +44,11 @@ def status_command(args: argparse.Namespace) -> int:
         import yaml
 
         print(yaml.safe_dump(obj, sort_keys=True), end="")
+    elif args.output == "wide":
+        workers = rollout_view(obj, actions.selected_pods(api, namespace, obj))["workers"]
+        print(status_table(obj, wide=True, workers=workers))
     else:
-        print(status_table(obj, wide=args.output == "wide"))
+        print(status_table(obj))
     return 0
 
 

@@ -2,9 +2,10 @@
 live, with the commands' pause, resume, promote, abort and retry as buttons.
 
 A watch on the apiserver (one thread: list, then watch from the list's resourceVersion, list
-again when that version is too old) keeps a board of the rollouts; every change reaches each
-open page as a server-sent event carrying the whole board (watchtable's view of each rollout),
-so the page redraws without reloading. Buttons POST to the server, which runs the very function
+again when that version is too old) keeps a board of the rollouts, and a second one the pods
+(so every worker a rollout selects shows, called or not); every change reaches each open page
+as a server-sent event carrying the whole board (watchtable's view of each rollout), so the page
+redraws without reloading. Buttons POST to the server, which runs the very function
 the CLI command runs (ckpt_rollout.tools.actions) with the user's kubeconfig.
 
 It acts with the user's credentials, so it listens on 127.0.0.1 unless told otherwise, answers
@@ -22,6 +23,7 @@ import json
 import secrets
 import signal
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -35,16 +37,22 @@ from ckpt_rollout.tools.watchtable import rollout_view
 TOKEN_HEADER = "X-Dashboard-Token"  # noqa: S105 (a header name, not a secret)
 WATCH_SECONDS = 30  # one watch request's length; the next resumes from the last version seen
 RETRY_SECONDS = 2.0  # after the apiserver failed us
+PODS_RETRY_SECONDS = 30.0  # after a pods list or watch failed (e.g. RBAC grants none)
 KEEPALIVE_SECONDS = 15.0  # an idle event stream still notices a closed page
 _HTTP_STATUS = {EXIT_NOT_FOUND: 404, EXIT_REFUSED: 409}  # any other failure: 502
 
 
-def board_view(objects: dict[tuple[str, str], dict[str, Any]], error: str | None) -> dict[str, Any]:
-    """What one event carries: every rollout's view, each with why each action would be
-    refused now (None: it applies), and the watch's last error."""
+def board_view(
+    objects: dict[tuple[str, str], dict[str, Any]],
+    error: str | None,
+    pods: dict[str, dict[str, dict[str, Any]]] | None = None,
+) -> dict[str, Any]:
+    """What one event carries: every rollout's view (with the ``pods``, by namespace and name,
+    its selector selects), each with why each action would be refused now (None: it applies),
+    and the watch's last error."""
     rollouts = []
     for key in sorted(objects):
-        view = rollout_view(objects[key])
+        view = rollout_view(objects[key], actions.selected(objects[key], (pods or {}).get(key[0], {})))
         view["refusals"] = {action: actions.refusal(action, objects[key]) for action in actions.ACTIONS}
         rollouts.append(view)
     return {"rollouts": rollouts, "error": error}
@@ -62,6 +70,9 @@ class Board:
 
     objects: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     error: str | None = None
+    # namespace -> pod name -> actions.pod_summary: what shows every selected worker, not only
+    # those a rollout has called. Stays empty where the user may not watch pods.
+    pods: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     generation: int = 0
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -78,6 +89,22 @@ class Board:
         self.error = None
         self._bump()
 
+    def replace_pods(self, listed: dict[tuple[str, str], dict[str, Any]], _error: str | None) -> None:
+        self.pods = {}
+        for pod in listed.values():
+            self.apply_pod("ADDED", pod)
+
+    def apply_pod(self, kind: str, pod: dict[str, Any]) -> None:
+        summary = actions.pod_summary(pod)
+        pods = self.pods.setdefault(str(summary["namespace"]), {})
+        name = str(summary["name"])
+        if kind == "DELETED":
+            changed = pods.pop(name, None) is not None
+        else:
+            changed, pods[name] = pods.get(name) != summary, summary
+        if changed:  # most pod events change nothing shown (conditions, container states)
+            self._bump()
+
     def fail(self, error: str) -> None:
         self.error = error
         self._bump()
@@ -92,30 +119,59 @@ class Board:
             await self._changed.wait()
 
     def event(self) -> bytes:
-        return f"data: {json.dumps(board_view(self.objects, self.error))}\n\n".encode()
+        return f"data: {json.dumps(board_view(self.objects, self.error, self.pods))}\n\n".encode()
+
+
+@dataclass(frozen=True)
+class Feed:
+    """What a watch thread follows and where its news go on the board."""
+
+    list: Callable[[], dict[str, Any]]
+    watch: Callable[[str | None], Iterable[dict[str, Any]]]  # from a resourceVersion
+    replace: Callable[[dict[tuple[str, str], dict[str, Any]], str | None], None]
+    apply: Callable[[str, dict[str, Any]], None]
+    fail: Callable[[str], None]
+    retry_s: float = RETRY_SECONDS
+
+
+def rollouts_feed(api: Any, namespace: str | None, board: Board) -> Feed:
+    return Feed(
+        lambda: actions.list_rollouts(api, namespace),
+        lambda version: actions.watch_events(api, namespace, version, WATCH_SECONDS),
+        board.replace,
+        board.apply,
+        board.fail,
+    )
+
+
+def pods_feed(api: Any, namespace: str | None, board: Board) -> Feed:
+    # A user who may not watch pods still has the board of rollouts: no error shown, a slow retry.
+    return Feed(
+        lambda: actions.list_pods(api, namespace),
+        lambda version: actions.watch_pod_events(api, namespace, version, WATCH_SECONDS),
+        board.replace_pods,
+        board.apply_pod,
+        lambda _error: None,
+        retry_s=PODS_RETRY_SECONDS,
+    )
 
 
 def follow(
-    api: Any,
-    namespace: str | None,
-    listed: dict[str, Any] | None,
-    board: Board,
-    loop: asyncio.AbstractEventLoop,
-    stop: threading.Event,
+    feed: Feed, listed: dict[str, Any] | None, loop: asyncio.AbstractEventLoop, stop: threading.Event
 ) -> None:
-    """The watch thread: from ``listed`` on (None: list first), every change goes to ``board``,
+    """A watch thread: from ``listed`` on (None: list first), every change goes to the board,
     until ``stop``."""
     while not stop.is_set():
         try:
             if listed is None:
-                listed = actions.list_rollouts(api, namespace)
+                listed = feed.list()
             items = {_key(obj): obj for obj in listed.get("items") or []}
-            loop.call_soon_threadsafe(board.replace, items, None)
+            loop.call_soon_threadsafe(feed.replace, items, None)
             version = (listed.get("metadata") or {}).get("resourceVersion")
             listed = None  # from here on, a new list is needed only when the watch says so
             gone = False
             while not gone and not stop.is_set():
-                for event in actions.watch_events(api, namespace, version, WATCH_SECONDS):
+                for event in feed.watch(version):
                     kind = event.get("type")
                     if kind in ("GONE", "ERROR"):
                         gone = True
@@ -123,11 +179,11 @@ def follow(
                     obj = event.get("object") or {}
                     version = (obj.get("metadata") or {}).get("resourceVersion") or version
                     if kind in ("ADDED", "MODIFIED", "DELETED"):
-                        loop.call_soon_threadsafe(board.apply, kind, obj)
+                        loop.call_soon_threadsafe(feed.apply, kind, obj)
         except Exception as exc:  # the apiserver went away, RBAC changed: say so on the page, retry
             listed = None
-            loop.call_soon_threadsafe(board.fail, f"watch: {exc}".splitlines()[0][:300])
-            if stop.wait(RETRY_SECONDS):
+            loop.call_soon_threadsafe(feed.fail, f"watch: {exc}".splitlines()[0][:300])
+            if stop.wait(feed.retry_s):
                 return
 
 
@@ -163,7 +219,7 @@ class Dashboard:
         return web.Response(text=text, content_type="text/html", headers={"Cache-Control": "no-store"})
 
     async def rollouts(self, request: web.Request) -> web.Response:
-        return web.json_response(board_view(self.board.objects, self.board.error))
+        return web.json_response(board_view(self.board.objects, self.board.error, self.board.pods))
 
     async def events(self, request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(
@@ -234,13 +290,11 @@ async def serve(target: actions.Target, all_namespaces: bool, address: str, port
     dashboard.hosts = allowed_hosts(address, bound)
     stop_watch = threading.Event()
     loop = asyncio.get_running_loop()
-    watcher = threading.Thread(
-        target=follow,
-        args=(api, scope, listed, board, loop, stop_watch),
-        name="ckpt-dashboard-watch",
-        daemon=True,
-    )
-    watcher.start()
+    for name, feed, first in (
+        ("ckpt-dashboard-watch", rollouts_feed(api, scope, board), listed),
+        ("ckpt-dashboard-pods", pods_feed(api, scope, board), None),
+    ):
+        threading.Thread(target=follow, args=(feed, first, loop, stop_watch), name=name, daemon=True).start()
     stopped = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stopped.set)

@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from ckpt_api.vocabulary import FAILED_PHASES, ConditionStatus, ConditionType, Phase, WorkerPhase
+from ckpt_rollout.domain.wording import counted
 from ckpt_rollout.tools.views import human_bytes, transfer_split
 
 # Who wrote spec.version, in managedFields: what a GitOps ignore rule or a no-revert check names.
@@ -208,5 +209,5 @@ def summary(
     return (
         f"release {version} -> {meta.get('namespace')}/{meta.get('name')}: "
         f"{status.get('phase') or Phase.PENDING} in {seconds:.1f}s; {published}"
-        f"{updated}/{replicas} workers updated in {len(waves)} waves; {pulled}"
+        f"{updated}/{replicas} workers updated in {counted(len(waves), 'wave')}; {pulled}"
     )

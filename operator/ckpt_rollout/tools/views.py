@@ -79,9 +79,47 @@ def transfer_split(waves: list[dict[str, Any]]) -> str | None:
     return f"{human_bytes(source)} from source, {human_bytes(peers)} from peers"
 
 
-def status_table(obj: dict[str, Any], *, wide: bool = False) -> str:
-    """The rollout as tables; ``wide`` adds each worker's live version, wave and bytes, and
-    prints messages whole."""
+def _source_lines(spec: dict[str, Any]) -> list[str]:
+    source, strategy = spec.get("source") or {}, spec.get("strategy") or {}
+    pin = source.get("manifestDigest")
+    relay = f"on, fanout {strategy.get('relayFanout', 1)}" if strategy.get("peerRelay", True) else "off"
+    return [
+        f"Source:     {_cell(source.get('uri'))}  (manifest {pin or 'not pinned'})",
+        f"Relay:      peers {relay}",
+    ]
+
+
+def _wide_workers(workers: list[dict[str, Any]]) -> list[list[str]]:
+    """The rows of `status -o wide`'s worker table, from the live view's workers
+    (ckpt_rollout.tools.watchtable.rollout_view)."""
+    head = ["WORKER", "WAVE", "STATE", "VERSION", "LIVE", "REASON", "BYTES", "FROM PEERS", "SECONDS"]
+    rows = [[*head, "NODE", "MESSAGE"]]
+    for w in workers:
+        seconds = w["seconds"]
+        rows.append(
+            [
+                w["pod"],
+                _cell(w["wave"]),
+                w["state"],
+                _cell(w["version"]),
+                _cell(w["liveVersion"]),
+                _cell(w["reason"]),
+                human_bytes(w["bytes"]),
+                human_bytes(w["bytesFromPeers"]),
+                "-" if seconds is None else f"{seconds:.2f}",
+                _cell(w["node"]),
+                _cell(w["message"]),
+            ]
+        )
+    return rows
+
+
+def status_table(
+    obj: dict[str, Any], *, wide: bool = False, workers: list[dict[str, Any]] | None = None
+) -> str:
+    """The rollout as tables; ``wide`` adds the source and relay settings, where each wave's
+    bytes came from, and a row for each of ``workers`` (the live view's: every wave member and
+    selected pod, with its node), messages whole."""
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
     meta = obj.get("metadata") or {}
@@ -95,14 +133,17 @@ def status_table(obj: dict[str, Any], *, wide: bool = False) -> str:
         f"wave {_cell(status.get('waveProgress'))}",
         f"Message:    {_cell(status.get('message'))}",
     ]
+    if wide:
+        lines += _source_lines(spec)
     waves = status.get("waves") or []
     pulled = transfer_split(waves)
     if pulled is not None:
         lines.append(f"Pulled:     {pulled} (updated workers)")
     if waves:
         head = ["WAVE", "PODS", "CALLED", "UPDATED", "FAILED", "GONE", "PHASE", "STARTED", "COMPLETED"]
-        rows = [[*head, "ANALYSIS"]]
+        rows = [[*head, "ANALYSIS", *(["FROM SOURCE", "FROM PEERS"] if wide else [])]]
         for w in waves:
+            split = [human_bytes(w.get("bytesFromSource")), human_bytes(w.get("bytesFromPeers"))]
             rows.append(
                 [
                     str(w.get("index", 0) + 1),
@@ -115,19 +156,19 @@ def status_table(obj: dict[str, Any], *, wide: bool = False) -> str:
                     _cell(w.get("startedAt")),
                     _cell(w.get("completedAt")),
                     _cell(analysis_cell(w, spec)),
+                    *(split if wide else []),
                 ]
             )
         lines += ["", _table(rows)]
         lines += _analysis_lines(status, spec, wide)
-    workers = status.get("workers") or {}
-    if workers:
-        extra = ["LIVE", "WAVE", "BYTES"] if wide else []
-        rows = [["WORKER", "VERSION", "PHASE", "REASON", "VERIFIED", "SECONDS", *extra, "MESSAGE"]]
-        for name in sorted(workers):
-            e = workers[name]
+    entries = status.get("workers") or {}
+    if wide and workers:
+        lines += ["", _table(_wide_workers(workers))]
+    elif entries:
+        rows = [["WORKER", "VERSION", "PHASE", "REASON", "VERIFIED", "SECONDS", "MESSAGE"]]
+        for name in sorted(entries):
+            e = entries[name]
             seconds = e.get("seconds")
-            more = [_cell(e.get("liveVersion")), _cell(e.get("wave")), _cell(e.get("bytes"))] if wide else []
-            message = _cell(e.get("message"))
             rows.append(
                 [
                     name,
@@ -136,8 +177,7 @@ def status_table(obj: dict[str, Any], *, wide: bool = False) -> str:
                     _cell(e.get("reason")),
                     _cell(e.get("checksumVerified")),
                     "-" if seconds is None else f"{seconds:.2f}",
-                    *more,
-                    message if wide else message[:80],
+                    _cell(e.get("message"))[:80],
                 ]
             )
         lines += ["", _table(rows)]

@@ -9,14 +9,25 @@ called in a wave that completed; else Loading if it was called; else Pending.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ckpt_api.vocabulary import Phase, WavePhase, WorkerPhase
-from ckpt_rollout.tools.views import _table, analysis_cell, desired_version, human_bytes
+from ckpt_rollout.domain.wording import counted
+from ckpt_rollout.tools.views import (
+    _table,
+    analysis_cell,
+    desired_version,
+    human_bytes,
+    transfer_split,
+)
 
 
-def rollout_view(obj: dict[str, Any]) -> dict[str, Any]:
-    """The JSON-able model of ``obj`` that every live view renders."""
+def rollout_view(obj: dict[str, Any], pods: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """The JSON-able model of ``obj`` that every live view renders. ``pods``: the pods its
+    selector selects, by name ({"node", "phase"}), where known: each is a worker too, those in no
+    wave yet Pending."""
+    pods = pods or {}
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
@@ -30,43 +41,54 @@ def rollout_view(obj: dict[str, Any]) -> dict[str, Any]:
     for wave in status.get("waves") or []:
         index = int(wave.get("index", 0))
         called = set(wave.get("called") or [])
-        pods = []
+        chips = []
         for pod in wave.get("pods") or []:
             state = _member_state(entries.get(pod), target, pod in called, wave.get("phase"))
             members[pod] = (index + 1, state)
-            pods.append({"pod": pod, "state": state})
+            chips.append({"pod": pod, "state": state})
         waves.append(
             {
                 "wave": index + 1,
                 "kind": wave.get("kind"),
                 "phase": wave.get("phase"),
                 "target": wave.get("target"),
-                "members": pods,
+                "members": chips,
                 "updated": wave.get("updated", 0),
                 "failed": wave.get("failed", 0),
+                "gone": wave.get("gone", 0),
                 "analysis": analysis_cell(wave, spec),
+                "summary": wave_summary(wave),
             }
         )
     workers = []
-    for pod in sorted(set(members) | set(entries)):
+    for pod in sorted(set(members) | set(entries) | set(pods)):
         entry = entries.get(pod) or {}
         wave_number, state = members.get(pod, (None, entry.get("phase") or WorkerPhase.PENDING))
         if wave_number is None and entry.get("wave") is not None:
             wave_number = int(entry["wave"]) + 1
+        # A success folded into its wave's counters left no entry: it is the target's, and its
+        # figures are its wave's.
+        folded = state == WorkerPhase.UPDATED and not entry
+        message = entry.get("message")
+        if folded:
+            message = f"figures folded into wave {wave_number}"
+        elif pod not in members and not entry:
+            message = "in no wave yet"
         size, seconds = entry.get("bytes"), entry.get("seconds")
         workers.append(
             {
                 "pod": pod,
                 "wave": wave_number,
                 "state": state,
-                # A success folded into its wave's counters left no entry: it is the target's.
-                "version": entry.get("version") or (target if state == WorkerPhase.UPDATED else None),
+                "version": entry.get("version") or (target if folded else None),
                 "liveVersion": entry.get("liveVersion"),
                 "reason": entry.get("reason"),
                 "bytes": size,
+                "bytesFromPeers": entry.get("bytesFromPeers"),
                 "seconds": seconds,
                 "rate": size / seconds if size and seconds else None,
-                "message": entry.get("message"),
+                "node": (pods.get(pod) or {}).get("node"),
+                "message": message,
             }
         )
     return {
@@ -94,6 +116,16 @@ def _member_state(entry: dict[str, Any] | None, target: str | None, called: bool
     if called and wave_phase == WavePhase.COMPLETED:
         return WorkerPhase.UPDATED
     return WorkerPhase.LOADING if called else WorkerPhase.PENDING
+
+
+def wave_summary(wave: dict[str, Any]) -> str | None:
+    """What a completed wave folded: its members' outcomes and where their bytes came from (the
+    per-worker figures of its successes are not kept)."""
+    if wave.get("phase") != WavePhase.COMPLETED:
+        return None
+    counts = f"{wave.get('updated', 0)} updated, {wave.get('failed', 0)} failed, {wave.get('gone', 0)} gone"
+    split = transfer_split([wave])
+    return f"{counts}; folded: {split}" if split else f"{counts}; folded (no byte counts reported)"
 
 
 def _rate(rate: float | None) -> str:
@@ -146,7 +178,7 @@ def render_table(view: dict[str, Any]) -> str:
                 human_bytes(w["bytes"]),
                 "-" if w["seconds"] is None else f"{w['seconds']:.2f}",
                 _rate(w["rate"]),
-                _cell(w["message"])[:80],
+                _said(w)[:80],
             ]
             for w in view["workers"]
         ]
@@ -164,17 +196,20 @@ def change_lines(before: dict[str, Any] | None, after: dict[str, Any]) -> list[s
     for wave in after["waves"]:
         old = old_waves.get(wave["wave"])
         if old is None or (old["phase"], len(old["members"])) != (wave["phase"], len(wave["members"])):
-            pods = ", ".join(m["pod"] for m in wave["members"])
-            lines.append(f"wave {wave['wave']}: {_cell(wave['phase'])} ({len(wave['members'])} pods: {pods})")
+            pods = counted(len(wave["members"]), "pod")
+            if wave["members"]:
+                pods += ": " + ", ".join(m["pod"] for m in wave["members"])
+            lines.append(f"wave {wave['wave']}: {_cell(wave['phase'])} ({pods})")
         if wave["analysis"] and (old is None or old["analysis"] != wave["analysis"]):
             lines.append(f"wave {wave['wave']} analysis: {wave['analysis']}")
     old_workers = {w["pod"]: w for w in (before or {}).get("workers", [])}
     for worker in after["workers"]:
         old = old_workers.get(worker["pod"])
-        if old is None or (old["state"], old["version"], old["bytes"]) != (
+        if old is None or (old["state"], old["version"], old["bytes"], old["reason"]) != (
             worker["state"],
             worker["version"],
             worker["bytes"],
+            worker["reason"],
         ):
             lines.append(_worker_line(worker))
     return lines
@@ -188,8 +223,14 @@ def _worker_line(worker: dict[str, Any]) -> str:
         line += f", {human_bytes(worker['bytes'])}"
         if worker["seconds"] is not None:
             line += f" in {worker['seconds']:.2f}s ({_rate(worker['rate'])})"
-    if worker["reason"] and worker["state"] == WorkerPhase.FAILED:
-        line += f": {worker['reason']}"
-        if worker["message"]:
-            line += f": {worker['message']}"
+    # Why it failed, or what holds it up (ckpt_rollout.domain.stalls).
+    if worker["reason"] and worker["state"] in (WorkerPhase.FAILED, WorkerPhase.PENDING):
+        line += f": {_said(worker)}"
     return line
+
+
+def _said(worker: dict[str, Any]) -> str:
+    """A worker's reason and message, as one cell."""
+    if worker["reason"] and worker["message"]:
+        return f"{worker['reason']}: {worker['message']}"
+    return _cell(worker["reason"] or worker["message"])
