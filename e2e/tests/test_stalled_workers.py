@@ -2,7 +2,8 @@
 timeout: real agents that cannot check the operator's token (their apiserver address answers
 nothing, as when their kubeconfig or the TLS Secret they need is wrong) answer every call 503
 AuthUnavailable; the rollout keeps calling them, and says so with the cause in status.message, a
-Warning event and the worker's status entry."""
+Warning event and the worker's status entry. A selected pod the scheduler cannot place is named
+the same way."""
 
 from __future__ import annotations
 
@@ -111,3 +112,33 @@ def test_agents_that_cannot_check_the_token_are_named_with_the_cause_within_seco
 
     (warning,) = wait_for(warned, SHOWN_WITHIN_S, "a Warning event naming the pod", interval=0.2)
     assert f"{pod.name}: AuthUnavailable: the agent cannot check the operator's token" in warning["message"]
+
+
+def test_a_pod_that_cannot_be_scheduled_is_named_with_the_cause_within_seconds(
+    operator: OperatorProcess, rollouts: Rollouts, kubectl: Kubectl, checkpoint_source: CheckpointSource
+) -> None:
+    labels = {"app": WORKER_LABEL, "fleet": "unplaced"}
+    deployment = worker_deployment("unplaced", 1, labels, WORKER_ACCOUNT)
+    deployment["spec"]["template"]["spec"]["nodeSelector"] = {"ckpt-e2e/no-such-node": "true"}
+    kubectl.apply(deployment)
+    rollouts.create(NAME, rollout_spec(checkpoint_source.url, "v2", labels))
+
+    def shown() -> str | None:
+        message = str(rollouts.status(NAME).get("message") or "")
+        return message if "Unschedulable: the pod cannot be scheduled" in message else None
+
+    message = wait_for(shown, SHOWN_WITHIN_S, "status.message naming the unschedulable pod", interval=0.2)
+    assert message.startswith("no Running pod with an IP matches the selector; waiting on unplaced-"), message
+    assert "node(s) didn't match Pod's node affinity/selector" in message, message
+
+    def warned() -> list[dict[str, str]]:
+        return [
+            e
+            for e in rollouts.events(NAME)
+            if (e["type"], e["reason"]) == ("Warning", "WorkerStalled") and "Unschedulable" in e["message"]
+        ]
+
+    (warning,) = wait_for(
+        warned, SHOWN_WITHIN_S, "a Warning event naming the unschedulable pod", interval=0.2
+    )
+    assert warning["message"].startswith("unplaced-"), warning

@@ -12,6 +12,7 @@ from machine_kit import (
     NOW,
     STAMP,
     TUNING,
+    called_long_ago,
     called_now,
     done,
     entry,
@@ -150,3 +151,12 @@ def test_a_trouble_just_met_is_shown_once_it_lasts() -> None:
     lasting = dataclasses.replace(AUTH, since=NOW.mono - STALL_GRACE_S)
     plan = decide(rollout(CANARY_WAVE), _waiting_on_the_canary(lasting), TUNING, NOW)
     assert _warnings(plan) == [f"{CANARY}: AuthUnavailable: {AUTH.message}"]
+
+
+def test_a_worker_that_times_out_says_what_last_held_it_up() -> None:
+    memory = called_long_ago(CANARY)
+    memory.troubles[CANARY] = AUTH
+    plan = decide(rollout(CANARY_WAVE), memory, TUNING, NOW)
+    canary = plan.status.workers[CANARY]
+    assert (canary.phase, canary.reason) == (WorkerPhase.FAILED, "WorkerTimeout")
+    assert canary.message == f"no outcome within 600s (last: AuthUnavailable: {AUTH.message})"

@@ -162,3 +162,14 @@ def test_a_stalled_worker_says_what_holds_it_up() -> None:
     assert "worker b: Pending v2: AuthUnavailable: cannot check" in change_lines(None, view)
     row = next(line for line in render_table(view).splitlines() if line.startswith("b "))
     assert row.endswith("AuthUnavailable: cannot check")
+
+
+def test_a_new_message_is_a_line() -> None:
+    """Piped, `watch` says what holds the rollout up, a pod that cannot start included."""
+    said = "no Running pod with an IP matches the selector; waiting on w-0: ImagePullBackOff: ..."
+    before = rollout_view(_obj())
+    obj = _obj()
+    obj["status"]["message"] = said
+    after = rollout_view(obj)
+    assert change_lines(before, after) == [f"message: {said}"]
+    assert change_lines(after, after) == []

@@ -13,6 +13,7 @@ from ckpt_api.vocabulary import EventReason, EventType, WavePhase, WorkerPhase, 
 from ckpt_rollout.domain.outcomes import Outcome, reported_outcome, settles
 from ckpt_rollout.domain.pinning import learned_digests, pin_for
 from ckpt_rollout.domain.plan import Call, Draft, Measure, Pull
+from ckpt_rollout.domain.troubles import Trouble
 from ckpt_rollout.domain.world import agent_url
 
 
@@ -164,7 +165,7 @@ def _check_waiting(d: Draft, target: Target, waiting: list[str], pulling: bool) 
                 target.version,
                 target.wave,
                 WorkerReason.WORKER_TIMEOUT,
-                f"no outcome within {timeout}s",
+                timeout_message(timeout, memory.troubles.get(name)),
                 d.now.stamp,
             )
             continue
@@ -209,6 +210,11 @@ def _check_waiting(d: Draft, target: Target, waiting: list[str], pulling: bool) 
         else:
             d.wake(due_at - now)
     return recall
+
+
+def timeout_message(timeout: int, trouble: Trouble | None) -> str:
+    """Why a worker timed out: what last held it up, if anything did."""
+    return f"no outcome within {timeout}s" + (f" (last: {trouble.line()})" if trouble is not None else "")
 
 
 def request(

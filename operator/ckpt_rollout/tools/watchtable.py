@@ -188,10 +188,14 @@ def render_table(view: dict[str, Any]) -> str:
 
 def change_lines(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
     """What `watch` prints when stdout is not a terminal: one line for each thing that changed
-    between two views (the rollout's summary, a wave's phase or size, a worker's state)."""
+    between two views (the rollout's summary, its message, a wave's phase or size, a worker's
+    state)."""
     lines = []
     if before is None or summary_line(before) != summary_line(after):
         lines.append(summary_line(after))
+    # The message: what the rollout does, and what holds it up (a pod that cannot start).
+    if after["message"] and (before is None or before["message"] != after["message"]):
+        lines.append(f"message: {after['message']}")
     old_waves = {w["wave"]: w for w in (before or {}).get("waves", [])}
     for wave in after["waves"]:
         old = old_waves.get(wave["wave"])
