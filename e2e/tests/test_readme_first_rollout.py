@@ -48,7 +48,9 @@ def _tail(run: BlocksRun, lines: int = 80) -> str:
 
 
 def _journey_and_cleanup() -> tuple[list[Block], Block]:
-    blocks = section_blocks(SECTION)
+    # CKPT_E2E_README: another copy of README, to see this test fail on a broken block.
+    override = os.environ.get("CKPT_E2E_README")
+    blocks = section_blocks(SECTION, Path(override).read_text() if override else None)
     *journey, cleanup = blocks
     assert "make cluster-up REAL_NODE=1" in journey[0].text
     assert cleanup.text.strip() == "make cluster-down"
@@ -66,6 +68,7 @@ def test_readme_first_rollout_runs_as_written(
     run = cleaned = None
     try:
         run = run_blocks(journey, cwd=ROOT, env=env, timeout=1800)
+        print(run.output)
         for label, seconds in run.seconds.items():
             print(f"{seconds:7.1f}s  {label}")
         total = sum(run.seconds.values())
