@@ -154,9 +154,9 @@ def api_server(app: web.Application, config: AgentConfig) -> tuple[AppServer, Re
         log.warning(
             "the API port serves plain HTTP (--plain-http): tokens and weights cross the wire in clear"
         )
-        return AppServer(app, config.host, config.port), None
+        return AppServer(app, config.host, config.port, limits=config.connections), None
     context, files = listening_context(config.tls.cert_file, config.tls.key_file)
-    return AppServer(app, config.host, config.port, context), files
+    return AppServer(app, config.host, config.port, context, config.connections), files
 
 
 @dataclass
@@ -249,6 +249,8 @@ async def build_agent(config: AgentConfig) -> Agent:
     if config.metrics_port is not None:
         # Plain HTTP whatever the API port does: it serves metrics only, to any scraper, with no
         # credential to protect, and Prometheus then needs neither the CA nor the agents' name.
-        metrics_server = AppServer(create_metrics_app(service), config.host, config.metrics_port)
+        metrics_server = AppServer(
+            create_metrics_app(service), config.host, config.metrics_port, limits=config.connections
+        )
     server, tls_files = api_server(app, config)
     return Agent(app, service, server, api_client, metrics_server, tls_files)

@@ -180,6 +180,7 @@ def config_from_args(args: argparse.Namespace, env: dict[str, str] | None = None
         # FastDeploy reads FD_API_KEY as comma-separated keys and accepts any; one is enough.
         fastdeploy_api_key=environ.get("FD_API_KEY", "").split(",")[0].strip() or None,
         sync_update_timeout=_or_default(args.sync_update_timeout, "sync_update_timeout"),
+        connections=_connection_limits(args),
         auth=AuthConfig(
             token_file=Path(args.auth_token_file) if args.auth_token_file else None,
             tokenreview_audience=args.tokenreview_audience,
@@ -201,6 +202,16 @@ def config_from_args(args: argparse.Namespace, env: dict[str, str] | None = None
         report=args.report,
         pod_name=environ.get("POD_NAME") or None,
         pod_namespace=environ.get("POD_NAMESPACE") or None,
+    )
+
+
+def _connection_limits(args: argparse.Namespace) -> Any:
+    from ckpt_agent.server.httpserver import ConnectionLimits
+
+    default = ConnectionLimits()
+    return ConnectionLimits(
+        idle_timeout_s=default.idle_timeout_s if args.idle_timeout is None else args.idle_timeout,
+        max_connections=default.max_connections if args.max_connections is None else args.max_connections,
     )
 
 
@@ -357,6 +368,17 @@ def _add_agent_parser(sub: SubParsers) -> None:
         type=float,
         help="seconds a synchronous update_weights (no rollout, no Prefer: respond-async) waits for "
         "its load (default 600, FastDeploy's own wait); the load goes on after",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        help="seconds a connection may stay open without a complete request head, from its "
+        "opening or its last response (the header-read and keep-alive timeout; default 30)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        help="open connections per port; past this a connection is answered 503 and closed (default 256)",
     )
     p.add_argument("--auth-token-file", help="accept the bearer token stored in this file")
     p.add_argument(

@@ -16,6 +16,7 @@ from ckpt_agent.formats.synth import ReferenceModelSpec
 from ckpt_agent.pipeline.loader import ApplyMode
 from ckpt_agent.pipeline.reader import DEFAULT_CHUNK_BYTES
 from ckpt_agent.server.control_api import DEFAULT_SYNC_TIMEOUT_S
+from ckpt_agent.server.httpserver import ConnectionLimits
 from ckpt_api.constants import DEFAULT_AGENT_METRICS_PORT, DEFAULT_AGENT_PORT
 from ckpt_api.source_policy import SourcePolicy
 
@@ -131,6 +132,8 @@ class AgentConfig:
     fastdeploy_api_key: str | None = field(default=None, repr=False)
     # How long a synchronous update_weights (a FastDeploy client's) waits for its load.
     sync_update_timeout: float = DEFAULT_SYNC_TIMEOUT_S
+    # Idle/header-read timeout and connection cap of both ports (see ConnectionLimits).
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
     # Peer relay: keep the verified copy of the live version and serve it to peers (http);
     # `relay_mooncake` also serves it over Mooncake with that protocol.
     relay: bool = True
@@ -161,6 +164,8 @@ class AgentConfig:
                 "SubjectAccessReview in this pod's namespace: set POD_NAMESPACE (downward API)"
             )
         self.tls.validate(self.pod_namespace)
+        if self.connections.idle_timeout_s <= 0 or self.connections.max_connections < 1:
+            raise ConfigError("--idle-timeout and --max-connections must be positive")
         try:
             self.source_policy()
         except ValueError as exc:
