@@ -39,6 +39,21 @@ def _creating(name: str, waiting: str = "ContainerCreating") -> dict[str, Any]:
     return pod
 
 
+async def test_a_pod_waiting_to_start_is_kept_only_in_what_tells_why() -> None:
+    pod = _creating("p", "ImagePullBackOff")
+    pod["spec"] = {
+        "containers": [{"name": "agent", "image": "x", "env": [{"name": "A", "value": "b" * 1000}]}]
+    }
+    pod["metadata"]["managedFields"] = [{"manager": "kube-controller-manager"}]
+    cache = PodCache(client.ApiClient(), ["rl"])
+    cache.apply("ADDED", pod)
+    (kept,) = cache.waiting("rl")
+    assert kept == {
+        "metadata": {"name": "p", "namespace": "rl", "labels": {"app": "w"}},
+        "status": pod["status"],
+    }
+
+
 class StandIn:
     """Serves pods of namespace rl: a two-page list, then scripted watch streams."""
 

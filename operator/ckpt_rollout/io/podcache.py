@@ -41,6 +41,18 @@ def _startup(obj: dict[str, Any]) -> tuple[object, ...]:
     return status.get("phase"), tuple(scheduled), tuple(waiting)
 
 
+def startup_view(obj: dict[str, Any]) -> dict[str, Any]:
+    """Of a pod not Running yet, what says whether and why it cannot start (what
+    ckpt_rollout.domain.troubles.pod_trouble reads): many pods may wait at once."""
+    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+    kept_meta = ("name", "namespace", "labels", "creationTimestamp", "deletionTimestamp")
+    kept_status = ("phase", "reason", "message", "conditions", "initContainerStatuses", "containerStatuses")
+    return {
+        "metadata": {k: meta[k] for k in kept_meta if k in meta},
+        "status": {k: status[k] for k in kept_status if k in status},
+    }
+
+
 def running_pod(obj: dict[str, Any]) -> Pod | None:
     """The pod if a rollout may call it: Running, with an IP, not being deleted."""
     meta, status = obj.get("metadata") or {}, obj.get("status") or {}
@@ -108,7 +120,7 @@ class PodCache:
         if kind == "DELETED" or not not_running or meta.get("deletionTimestamp"):
             return waiting.pop(name, None) is not None
         before = waiting.get(name)
-        waiting[name] = obj
+        waiting[name] = startup_view(obj)
         return before is None or _startup(before) != _startup(obj)
 
     async def run(self) -> None:
@@ -152,7 +164,7 @@ class PodCache:
                 if (pod := running_pod(item)) is not None:
                     listed.setdefault(item_ns, {})[pod.name] = pod
                 elif not item["metadata"].get("deletionTimestamp"):
-                    waiting.setdefault(item_ns, {})[item_name] = item
+                    waiting.setdefault(item_ns, {})[item_name] = startup_view(item)
             token = body.get("metadata", {}).get("continue")
             if not token:
                 break
