@@ -2,9 +2,11 @@
 
 Cluster-agnostic: the local control plane by default (kwok pods running real agents, the
 operator as a process), any cluster with CKPT_E2E_KUBECONFIG (e2e/kind/run.sh: the chart's
-operator, worker-image pods); see ckpt_e2e.providers for what differs. Each scenario runs a
-second time on the local control plane's real kubelet node with what the kind path installs (the
-chart's operator pod, worker-image pods; ckpt_e2e.realnode_env): CI's run of the users' path.
+operator, worker-image pods); see ckpt_e2e.providers for what differs. The scenarios whose
+assertion needs a kubelet run a second time on the local control plane's real node with what the
+kind path installs (the chart's operator pod, worker-image pods; ckpt_e2e.realnode_env): CI's run
+of the users' path. The rest are the operator's and the agents' logic, which kwok pods running
+real agents exercise alike; running them twice bought minutes, not coverage.
 Every scenario asserts on the CR status, on the events, and on what each worker actually
 serves (/v1/infer against the published weights), plus how many loads each agent accepted where
 double work matters.
@@ -29,14 +31,12 @@ from ckpt_e2e.rollout_env import (
     serving_versions,
 )
 
-# Every scenario twice: kwok pods with agent processes and the operator as a process ("local",
-# or the cluster CKPT_E2E_KUBECONFIG names), and the real node's chart-installed operator pod and
-# worker-image pods ("real-node", skipped on another cluster).
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.scenario,
-    pytest.mark.parametrize("provider", ["local", "real-node"], indirect=True),
-]
+# Every scenario on kwok pods with agent processes and the operator as a process (the provider
+# fixture's default, "local", or the cluster CKPT_E2E_KUBECONFIG names).
+pytestmark = [pytest.mark.integration, pytest.mark.scenario]
+# ... and, for those whose assertion needs a kubelet, on the real node's chart-installed operator
+# pod and worker-image pods too ("real-node", skipped on another cluster).
+ALSO_ON_THE_REAL_NODE = pytest.mark.parametrize("provider", ["local", "real-node"], indirect=True)
 
 NAME = "fleet"
 SMALL = ("v1", "v2", "v3")
@@ -93,6 +93,10 @@ def _loading(provider: Provider, fleet: WorkerFleet, workers: dict[str, Worker],
 HELD = {"pauseAfterWave": [0], "peerRelay": False}  # + promote inside source_stalled(): wave 2 held
 
 
+# Real node: the image rollout end to end — worker-image pods behind their readiness gate, as the
+# image's uid on a read-only root, relaying to each other with their projected tokens, driven by
+# the chart's operator pod.
+@ALSO_ON_THE_REAL_NODE
 def test_happy_path(provider: Provider) -> None:
     kubectl = provider.kubectl
     fleet = provider.fleet(5)
@@ -280,6 +284,9 @@ def test_agent_killed_mid_load(provider: Provider) -> None:
     assert "WorkerFailed" not in reasons
 
 
+# Real node: the chart's operator pod deleted and its Deployment's next pod (probes, in-cluster
+# client) resuming from the status.
+@ALSO_ON_THE_REAL_NODE
 def test_operator_killed_mid_wave(provider: Provider) -> None:
     """The operator dies while wave 2 loads; the loads end with no operator watching. A new
     operator resumes from the CR status alone: it calls nobody twice and finishes the rollout."""
@@ -315,6 +322,9 @@ def test_operator_killed_mid_wave(provider: Provider) -> None:
     assert "RolloutCompleted" in reasons
 
 
+# Real node: the kubelet, the operator pod's in-cluster client (Service IP, kube-proxy) and the
+# agents' projected tokens across an apiserver restart.
+@ALSO_ON_THE_REAL_NODE
 def test_kube_apiserver_restarted_mid_rollout(provider: Provider) -> None:
     """The apiserver goes away while wave 2 loads and stays away until the loads are over:
     the agents cannot report, the operator cannot write. Once it is back the rollout ends

@@ -3,6 +3,7 @@ without a mark of its own."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_e2e.tiers import tiers_for
+from ckpt_e2e.tiers import REAL_NODE_PROVIDER, tiers_for
 
 
 @pytest.mark.parametrize(
@@ -79,3 +80,25 @@ def test_one_flag_selects_a_tier(tmp_path: Path, expression: str, selected: list
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [line.split("::")[1] for line in proc.stdout.splitlines() if "::" in line] == selected
+
+
+def test_the_real_node_runs_the_scenarios_whose_assertion_needs_a_kubelet() -> None:
+    """The rest run once, on kwok pods (e2e/tests/test_scenarios.py says why for each of these)."""
+    path = Path(__file__).resolve().parents[2] / "e2e" / "tests" / "test_scenarios.py"
+    spec = importlib.util.spec_from_file_location("scenarios_under_inspection", path)
+    assert spec is not None
+    assert spec.loader is not None
+    scenarios = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scenarios)
+
+    def providers(test: object) -> list[str]:
+        marks = getattr(test, "pytestmark", [])
+        return [p for m in marks if m.name == "parametrize" and m.args[0] == "provider" for p in m.args[1]]
+
+    tests = {name: obj for name, obj in vars(scenarios).items() if name.startswith("test_")}
+    assert not any("provider" in str(m.args[:1]) for m in scenarios.pytestmark if m.name == "parametrize")
+    assert {name for name, test in tests.items() if REAL_NODE_PROVIDER in providers(test)} == {
+        "test_happy_path",
+        "test_operator_killed_mid_wave",
+        "test_kube_apiserver_restarted_mid_rollout",
+    }
