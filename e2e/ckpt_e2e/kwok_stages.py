@@ -131,6 +131,11 @@ spec:
       startTime: {{ $now | Quote }}
 """
 
+# Pods with this label leave as a kubelet lets them: the stage below leaves them alone, and the
+# pod runtime (podruntime.PodRuntime) deletes one once it has stopped its process, so an agent that
+# reports as it shuts down does so while its pod (and the token bound to it) still exists.
+KUBELET_STOP_LABEL = "ckpt-e2e-kubelet-stop"
+
 # No grace period: the pod-runtime stand-in stops the pod's process as soon as it sees the
 # deletionTimestamp, like a kubelet that got SIGTERM through quickly.
 _POD_DELETE = """
@@ -144,6 +149,8 @@ spec:
     matchExpressions:
     - key: '.metadata.deletionTimestamp'
       operator: Exists
+    - key: '.metadata.labels["__KUBELET_STOP__"]'
+      operator: DoesNotExist
   next:
     finalizers: {empty: true}
     delete: true
@@ -153,4 +160,5 @@ spec:
 def stages_yaml(max_pods_per_node: int, kwok_version: str) -> str:
     docs = (_NODE_INITIALIZE, _NODE_HEARTBEAT, _POD_READY, _POD_DELETE)
     text = "---".join(docs)
-    return text.replace("__PODS__", str(max_pods_per_node)).replace("__KWOK_VERSION__", kwok_version)
+    text = text.replace("__PODS__", str(max_pods_per_node)).replace("__KWOK_VERSION__", kwok_version)
+    return text.replace("__KUBELET_STOP__", KUBELET_STOP_LABEL)

@@ -23,9 +23,11 @@ from types import TracebackType
 from typing import Any
 
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from ckpt_api.vocabulary import PodPhase
 
+from .kwok_stages import KUBELET_STOP_LABEL
 from .procs import spawn, stop, wait_for
 
 log = logging.getLogger(__name__)
@@ -229,6 +231,8 @@ class PodRuntime:
                     info = None if kind == "DELETED" else _pod_info(obj)
                     if info is None:
                         self._stop_pod(obj["metadata"]["uid"])
+                        if kind != "DELETED":
+                            self._release(obj)
                     else:
                         self._ensure(info)
                     self._reap()
@@ -267,6 +271,18 @@ class PodRuntime:
             pp.stop(self._grace)
             with self._lock:
                 self._procs.pop(uid, None)
+
+    def _release(self, pod: dict[str, Any]) -> None:
+        """A pod that leaves as a kubelet lets it (kwok_stages.KUBELET_STOP_LABEL), its process
+        stopped: it goes now, as a kubelet's last delete makes it go."""
+        meta = pod["metadata"]
+        if not meta.get("deletionTimestamp") or KUBELET_STOP_LABEL not in (meta.get("labels") or {}):
+            return
+        options = client.V1DeleteOptions(
+            grace_period_seconds=0, preconditions=client.V1Preconditions(uid=meta["uid"])
+        )
+        with contextlib.suppress(ApiException):  # gone already
+            self._core.delete_namespaced_pod(meta["name"], meta["namespace"], body=options)
 
     def _reap(self) -> None:
         """Note processes that died on their own; they are not restarted (tests look at it)."""

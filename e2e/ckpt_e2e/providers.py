@@ -55,6 +55,7 @@ from .catalog import model_flags
 from .fixtures import ClusterHandle
 from .kubeapi import is_ready
 from .kubectl import Kubectl
+from .kwok_stages import KUBELET_STOP_LABEL
 from .procs import WaitTimeout, spawn, stop, wait_for
 from .rollout_env import (
     AGENT_PORT,
@@ -176,6 +177,12 @@ class Provider(ABC):
         """The pod's agent dies where it stands and the pod goes; its Deployment replaces it."""
 
     @abstractmethod
+    def stops_like_a_kubelet(self, pod: str) -> None:
+        """From now on ``pod``, once deleted, stays (being deleted) until its agent has stopped,
+        then goes: its agent's last reports land while the pod still exists. A kubelet does so
+        for every pod (within the grace period)."""
+
+    @abstractmethod
     def apiserver_down(self) -> AbstractContextManager[None]:
         """kube-apiserver is down for the block and back (same data) after it."""
 
@@ -226,6 +233,11 @@ class LocalProvider(Provider):
         # kwok keeps a pod Running whatever its "container" does: the pod goes, as the node
         # would report it on a real cluster, and the Deployment replaces it.
         self.kubectl.run("delete", "pod", pod, "--grace-period=0", "--force", "--wait=false")
+
+    def stops_like_a_kubelet(self, pod: str) -> None:
+        # kwok deletes a pod being deleted at once, but not one with this label: the pod
+        # runtime deletes it once it stopped its process.
+        self.kubectl.run("label", "pod", pod, f"{KUBELET_STOP_LABEL}=true")
 
     def apiserver_down(self) -> AbstractContextManager[None]:
         assert self.handle.local is not None
@@ -493,6 +505,9 @@ class ExistingProvider(Provider):
             return False
 
         wait_for(fresh_ready, 180, "a new operator pod Ready", interval=1.0)
+
+    def stops_like_a_kubelet(self, pod: str) -> None:
+        """Nothing to do: a kubelet runs the pod."""
 
     def crash_worker(self, fleet: WorkerFleet, pod: str) -> None:
         # The agent is the container's PID 1: only the kubelet can SIGKILL it; a forced

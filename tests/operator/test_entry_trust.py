@@ -42,6 +42,8 @@ def _status(workers: dict[str, dict[str, Any]], **more: Any) -> CheckpointRollou
         ({"b": {**UPDATED, "podUID": "ub"}}, {"a": "ua"}, {}, {}),
         # A key no wave or rollback holds and no selected pod has.
         ({"x": UPDATED}, {"a": "ua"}, {}, {"x": "not a pod this rollout selects or called"}),
+        # So does one whose place in its wave another took (replaced).
+        ({"c": UPDATED}, {"a": "ua"}, {"waves": [{"index": 0, "target": 1, "replaced": ["c"]}]}, {}),
         # A rollback's members count as members too.
         ({"r": UPDATED}, {}, {"rollback": {"version": "v1", "reason": "Aborted", "pods": ["r"]}}, {}),
     ],

@@ -232,6 +232,44 @@ CASES = [
         observed=((WavePhase.COMPLETED, 3, 0, 1), 4),
     ),
     Case(
+        "a-replaced-members-late-report-goes-with-it",
+        rollout(
+            progressing(
+                done(0, [CANARY]),
+                wave(1, [JOINED, *REST[1:]], called=[*REST, JOINED], replaced=[REST[0]]),
+                workers={REST[0]: SHUTDOWN},
+            ),
+            pods=without(REST[0], joined=(JOINED,)),
+        ),
+        State.ADVANCE,
+        Phase.PROGRESSING,
+        wake=TUNING.pull_after_s,
+        memory=called_now(JOINED, *REST[1:]),
+        observe=lambda p: p.status.workers,
+        observed={},
+    ),
+    *(
+        Case(
+            f"after-success-a-departed-members-{what}",
+            rollout(
+                progressing(done(0, [CANARY]), done(1, REST), phase="Succeeded", workers={REST[0]: said_}),
+                pods=without(REST[0]),
+            ),
+            State.DONE,
+            Phase.SUCCEEDED,
+            observe=lambda p: list(p.status.workers),
+            observed=kept,
+        )
+        for what, said_, kept in [
+            ("report-as-it-shut-down-goes-with-it", SHUTDOWN, []),
+            (
+                "failure-reported-before-it-left-stays-listed",
+                entry("v2", "Failed", "ChecksumMismatch"),
+                [REST[0]],
+            ),
+        ]
+    ),
+    Case(
         "once-a-wave-proved-the-version-a-later-wave-whose-members-all-left-completes",
         rollout(progressing(done(0, [CANARY]), wave(1, REST)), pods=[CANARY]),
         State.ADVANCE,

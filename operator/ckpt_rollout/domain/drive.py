@@ -60,15 +60,20 @@ def fold_heard(d: Draft) -> None:
 def fold_settled(d: Draft) -> None:
     """An agent's queued report can land after the operator pulled that load and completed its
     wave (or the whole rollout): folded away as the wave's own successes were, so no settled pod
-    shows as still loading. Failures stay listed, and so do other versions' entries."""
+    shows as still loading. Failures stay listed, and so do other versions' entries. A departed
+    member's (replaced in its wave, or gone from a completed one) goes too, but for a failure it
+    reported before it left: what an agent says as it shuts down (Cancelled) is no failure."""
     target = d.status.target_version
     settled = {p for w in d.status.waves if w.phase is WavePhase.COMPLETED for p in w.pods}
+    departed = {p for w in d.status.waves for p in w.replaced} | (settled - set(d.rollout.pods))
     late = [
         name
         for name, entry in d.status.workers.items()
-        if name in settled
-        and entry.version == target
-        and entry.phase in (WorkerPhase.LOADING, WorkerPhase.UPDATED)
+        if entry.version == target
+        and (
+            (name in settled and entry.phase in (WorkerPhase.LOADING, WorkerPhase.UPDATED))
+            or (name in departed and not (entry.phase is WorkerPhase.FAILED and settles(entry, target)))
+        )
     ]
     d.set_workers(dict.fromkeys(late))
 

@@ -3,8 +3,9 @@ the chart's ValidatingAdmissionPolicy lets a worker write only its own pod's; wh
 is not installed (no chart, an apiserver without admission policies), any worker could write any
 entry, so the operator ignores those it cannot tie to a pod of its rollout:
 
-- a key that is neither a pod the CR selects now nor a member of one of its waves or of its
-  rollback (a member that went away keeps its entry: what it reported before it left counts);
+- a key that is neither a pod the CR selects now nor a member of one of its waves (one that
+  left a wave, replaced, included) or of its rollback (a member that went away keeps its entry:
+  what it reported before it left counts);
 - an entry whose podUID (the agent writes its pod's) is not the live pod's: it was written by
   an earlier pod of that name.
 
@@ -20,7 +21,7 @@ from ckpt_api.status import CheckpointRolloutStatus
 def untrusted_entries(status: CheckpointRolloutStatus, live_uids: Mapping[str, str]) -> dict[str, str]:
     """Entries to ignore, each with why. ``live_uids``: the selected pods, by name, with their
     UIDs ("" where unknown)."""
-    members = {p for w in status.waves for p in w.pods}
+    members = {p for w in status.waves for p in [*w.pods, *w.replaced]}
     if status.rollback is not None:
         members.update(status.rollback.pods)
     ignored: dict[str, str] = {}
