@@ -1,8 +1,8 @@
 """Pods that leave mid-rollout, as drains, evictions and rolling restarts make them leave: the
 canary still proves the version before anyone else is called, and a pod deleted gracefully (its
 agent cancels its load and says so as it shuts down) is gone, not failed: the rollout goes on and
-ends with every pod on the target. Scenarios like test_scenarios' (both providers), with its
-helpers."""
+ends with every pod on the target. Scenarios like test_scenarios', with its helpers; on kwok
+pods, whose pod runtime lets a pod leave as a kubelet does (Provider.stops_like_a_kubelet)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,7 @@ from test_scenarios import BIG, ENDED, HELD, NAME, _calls, _loading, _reasons, _
 
 from ckpt_e2e.providers import Provider
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.scenario,
-    pytest.mark.parametrize("provider", ["local", "real-node"], indirect=True),
-]
+pytestmark = [pytest.mark.integration, pytest.mark.scenario]
 
 
 def _delete(provider: Provider, pod: str) -> None:
