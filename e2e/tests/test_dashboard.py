@@ -19,7 +19,7 @@ import pytest
 
 from ckpt_api.vocabulary import ABORT_ANNOTATION, PROMOTE_ANNOTATION, RETRY_ANNOTATION
 from ckpt_e2e.fixtures import ClusterHandle
-from ckpt_e2e.procs import spawn_server, stop
+from ckpt_e2e.procs import spawn_server, stop, wait_for
 from ckpt_e2e.rollout_env import CLI, CheckpointSource, OperatorProcess, Rollouts, rollout_spec
 from ckpt_e2e.rollout_fixtures import Fleet
 
@@ -42,7 +42,21 @@ def dashboard(cluster: ClusterHandle, namespace: str, tmp_path: Path) -> Iterato
 
 
 @pytest.fixture
-def page(dashboard: str) -> Iterator[Any]:
+def dashboard_token(dashboard: str, tmp_path: Path) -> str:
+    """The token from the URL the command prints under its banner (in the fragment: the page is
+    served without it)."""
+
+    def printed() -> str | None:
+        for line in (tmp_path / "dashboard.log").read_text().splitlines():
+            if line.startswith(f"open {dashboard}/#token="):
+                return line.split("#token=", 1)[1].strip()
+        return None
+
+    return wait_for(printed, 10, "the dashboard's URL with its token")
+
+
+@pytest.fixture
+def page(dashboard: str, dashboard_token: str) -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     assert shutil.which(CHROMIUM), (
@@ -52,7 +66,7 @@ def page(dashboard: str) -> Iterator[Any]:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1280, "height": 860})
         page.on("dialog", lambda dialog: dialog.accept())  # abort asks for confirmation
-        page.goto(dashboard)
+        page.goto(f"{dashboard}/#token={dashboard_token}")
         yield page
         browser.close()
 
@@ -75,6 +89,7 @@ def test_the_page_follows_a_rollout_live_and_its_buttons_act_like_the_cli(
 
     fleet = fleet_factory(3)
     expect(page.locator("#live")).to_have_text("live", timeout=30_000)
+    assert "token=" not in page.url, "the page drops its token from the address bar"
     expect(page.locator("#empty")).to_be_visible()
     page.evaluate("window.sameDocument = true")  # gone if anything reloads the page
 
@@ -172,15 +187,18 @@ def _screenshot(page: Any, tmp_path: Path) -> None:
 
 
 def test_actions_come_only_from_the_page_and_its_host(
-    dashboard: str, crd_installed: None, rollouts: Rollouts, namespace: str
+    dashboard: str, dashboard_token: str, crd_installed: None, rollouts: Rollouts, namespace: str
 ) -> None:
-    """Another site's page can POST to 127.0.0.1 but cannot read the dashboard's token; a name
-    rebound to 127.0.0.1 arrives with its own Host header. Neither changes the CR."""
+    """Another site's page can POST to 127.0.0.1 but not learn the token (the page is served
+    without it, and may not be framed); a name rebound to 127.0.0.1 arrives with its own Host
+    header. Neither changes the CR."""
     rollouts.create(NAME, rollout_spec("http://127.0.0.1:9/x", "v2", {"app": "nobody"}))
     path = f"/api/rollouts/{namespace}/{NAME}/pause"
     assert _post(dashboard + path, {})[0] == 403
-    page = _get(dashboard + "/")
-    token = page.split('name="dashboard-token" content="', 1)[1].split('"', 1)[0]
+    token = dashboard_token
+    with urllib.request.urlopen(dashboard + "/", timeout=10) as resp:
+        assert token not in resp.read().decode()
+        assert resp.headers["X-Frame-Options"] == "DENY"
     assert _post(dashboard + path, {"X-Dashboard-Token": token, "Host": "evil.example:80"})[0] == 421
     assert not rollouts.get(NAME)["spec"].get("paused"), "refused requests write nothing"
 
@@ -196,11 +214,6 @@ def test_actions_come_only_from_the_page_and_its_host(
         {"message": f"{NAME}: paused (in-flight loads finish; no new calls)"},
     )
     assert rollouts.get(NAME)["spec"]["paused"] is True
-
-
-def _get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        return str(resp.read().decode())
 
 
 def _post(url: str, headers: dict[str, str]) -> tuple[int, Any]:

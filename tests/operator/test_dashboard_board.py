@@ -11,18 +11,38 @@ from ckpt_rollout.tools.dashboard import Board, allowed_hosts, board_view
 
 
 @pytest.mark.parametrize(
-    ("address", "port", "hosts"),
+    ("address", "port", "names", "hosts"),
     [
-        ("127.0.0.1", 3100, {"127.0.0.1:3100", "localhost:3100"}),
-        ("::1", 3100, {"[::1]:3100", "localhost:3100"}),
-        ("10.1.2.3", 80, {"10.1.2.3:80"}),
-        ("0.0.0.0", 3100, None),  # every address: any name may be the right one
-        ("::", 3100, None),
+        ("127.0.0.1", 3100, (), {"127.0.0.1:3100", "localhost:3100"}),
+        ("::1", 3100, (), {"[::1]:3100", "localhost:3100"}),
+        ("10.1.2.3", 80, (), {"10.1.2.3:80"}),
+        ("10.1.2.3", 80, ("Dash.Example",), {"10.1.2.3:80", "dash.example:80"}),
+        # Every address: only the names given, and loopback's.
+        (
+            "0.0.0.0",
+            3100,
+            ("dash.internal", "10.0.0.5", "[fd00::5]"),
+            {
+                "dash.internal:3100",
+                "10.0.0.5:3100",
+                "[fd00::5]:3100",
+                "localhost:3100",
+                "127.0.0.1:3100",
+                "[::1]:3100",
+            },
+        ),
     ],
 )
-def test_allowed_hosts(address: str, port: int, hosts: set[str] | None) -> None:
-    allowed = allowed_hosts(address, port)
-    assert (None if allowed is None else set(allowed)) == hosts
+def test_allowed_hosts(address: str, port: int, names: tuple[str, ...], hosts: set[str]) -> None:
+    assert set(allowed_hosts(address, port, names)) == hosts
+
+
+@pytest.mark.parametrize("address", ["0.0.0.0", "::"])
+def test_every_address_without_names_is_refused(address: str) -> None:
+    """Answering any Host there would let a page of another site, its name rebound to this
+    machine, read the board and act as the user."""
+    with pytest.raises(ValueError, match="--allowed-hosts"):
+        allowed_hosts(address, 3100)
 
 
 def _obj(name: str, phase: str | None, paused: bool = False) -> dict[str, Any]:

@@ -99,7 +99,8 @@ def dashboard_command(args: argparse.Namespace) -> int:
     from ckpt_rollout.tools.dashboard import serve
 
     target = Target(kubeconfig=args.kubeconfig, context=args.context, namespace=args.namespace)
-    return asyncio.run(serve(target, args.all_namespaces, args.address, args.port))
+    names = [n for n in (args.allowed_hosts or "").split(",") if n.strip()]
+    return asyncio.run(serve(target, args.all_namespaces, args.address, args.port, names))
 
 
 def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -141,7 +142,8 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
         description="Serve a live web page of the CheckpointRollouts in a namespace and print its URL. "
         "The page acts with YOUR kubeconfig's credentials: anyone who can reach the address can "
         "pause, promote or abort rollouts as you, so it listens on 127.0.0.1 by default; "
-        "bind another address only on a network you trust.",
+        "bind another address only on a network you trust. Open the URL it prints on its second "
+        "line: the token in its fragment is what lets the page read and act.",
     )
     _common(dashboard, named=False)
     dashboard.add_argument(
@@ -149,6 +151,11 @@ def add_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
     )
     dashboard.add_argument("--address", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     dashboard.add_argument("--port", type=int, default=0, help="port to listen on (default 0: a free one)")
+    dashboard.add_argument(
+        "--allowed-hosts",
+        help="names (or addresses) the page may be opened by, comma-separated, besides the bound "
+        "address; required with --address 0.0.0.0 or :: (other Host headers are answered 421)",
+    )
     dashboard.set_defaults(func=_guarded(dashboard_command))
     for name, text in (
         ("pause", "pause a rollout: in-flight loads finish, no new calls"),

@@ -8,9 +8,14 @@ as a server-sent event carrying the whole board (watchtable's view of each rollo
 redraws without reloading. Buttons POST to the server, which runs the very function
 the CLI command runs (ckpt_rollout.tools.actions) with the user's kubeconfig.
 
-It acts with the user's credentials, so it listens on 127.0.0.1 unless told otherwise, answers
-only requests whose Host header names that address, and takes actions only from its own page
-(a per-process token the page carries; another site's page cannot read it).
+It acts with the user's credentials, so it listens on 127.0.0.1 unless told otherwise and
+answers only requests whose Host header is on its allow-list (the bound address, localhost when
+that is loopback, and the names given with --allowed-hosts; bound to every address it needs
+those names): a page on another site whose name is rebound to this address (DNS rebinding)
+still sends its own name. Reads and actions need a per-process token that the page is never
+served with: the command prints the URL with the token in its fragment (which browsers do not
+send), the page keeps it in its tab's session storage and drops it from the address bar, so
+neither another site's page nor another local user can fetch it. Every reply forbids framing.
 """
 
 from __future__ import annotations
@@ -35,6 +40,16 @@ from ckpt_rollout.tools.actions import EXIT_NOT_FOUND, EXIT_REFUSED, ActionError
 from ckpt_rollout.tools.watchtable import rollout_view
 
 TOKEN_HEADER = "X-Dashboard-Token"  # noqa: S105 (a header name, not a secret)
+# EventSource cannot send headers: the page's event stream passes the token as this parameter.
+TOKEN_PARAM = "token"  # noqa: S105 (a parameter name, not a secret)
+# Clickjacking: no page of another site may frame this one (buttons act with the user's
+# credentials); the referrer policy keeps the page's address out of anything it links to.
+SAFETY_HEADERS = {
+    "X-Frame-Options": "DENY",
+    "Content-Security-Policy": "frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 WATCH_SECONDS = 30  # one watch request's length; the next resumes from the last version seen
 RETRY_SECONDS = 2.0  # after the apiserver failed us
 PODS_RETRY_SECONDS = 30.0  # after a pods list or watch failed (e.g. RBAC grants none)
@@ -193,10 +208,16 @@ class Dashboard:
     namespace: str | None  # None: every namespace
     board: Board
     token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
-    hosts: frozenset[str] | None = None  # Host headers answered; None: any (bound to every address)
+    hosts: frozenset[str] = frozenset()  # Host headers answered (allowed_hosts)
+
+    @property
+    def url(self) -> str:
+        """What to open: the token rides in the fragment, which the browser keeps to itself."""
+        return f"#{TOKEN_PARAM}={self.token}"
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._host_check])
+        app = web.Application(middlewares=[self._host_check, self._token_check])
+        app.on_response_prepare.append(self._safety_headers)
         app.router.add_get("/", self.page)
         app.router.add_get("/api/rollouts", self.rollouts)
         app.router.add_get("/api/events", self.events)
@@ -207,15 +228,30 @@ class Dashboard:
     async def _host_check(self, request: web.Request, handler: Any) -> web.StreamResponse:
         # A page on another site that gets its name resolved to 127.0.0.1 (DNS rebinding)
         # still sends its own name as Host.
-        if self.hosts is not None and request.host not in self.hosts:
+        if request.host not in self.hosts:
             return web.json_response({"error": f"unexpected Host header {request.host!r}"}, status=421)
         response: web.StreamResponse = await handler(request)
         return response
 
+    @web.middleware
+    async def _token_check(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        # The page itself is public (it holds no secret); everything it reads or does is not.
+        sent = request.headers.get(TOKEN_HEADER) or request.query.get(TOKEN_PARAM, "")
+        if request.path != "/" and not hmac.compare_digest(sent.encode(), self.token.encode()):
+            return web.json_response(
+                {"error": "open the URL the dashboard printed (it carries the page's token)"}, status=403
+            )
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    @staticmethod
+    async def _safety_headers(_request: web.Request, response: web.StreamResponse) -> None:
+        response.headers.update(SAFETY_HEADERS)
+
     async def page(self, request: web.Request) -> web.Response:
         text = resources.files("ckpt_rollout.tools").joinpath("static/dashboard.html").read_text()
         scope = "all namespaces" if self.namespace is None else f"namespace {self.namespace}"
-        text = text.replace("__TOKEN__", self.token).replace("__SCOPE__", html.escape(scope))
+        text = text.replace("__SCOPE__", html.escape(scope))
         return web.Response(text=text, content_type="text/html", headers={"Cache-Control": "no-store"})
 
     async def rollouts(self, request: web.Request) -> web.Response:
@@ -240,9 +276,6 @@ class Dashboard:
             return response
 
     async def act(self, request: web.Request) -> web.Response:
-        sent = request.headers.get(TOKEN_HEADER, "")
-        if not hmac.compare_digest(sent.encode(), self.token.encode()):
-            return web.json_response({"error": "actions come from the dashboard's own page"}, status=403)
         action = request.match_info["action"]
         namespace, name = request.match_info["namespace"], request.match_info["name"]
         if action not in actions.ACTIONS:
@@ -259,20 +292,44 @@ class Dashboard:
         return web.json_response({"message": message})
 
 
-def allowed_hosts(address: str, port: int) -> frozenset[str] | None:
-    """Host headers a browser sends for this bind address (None: bound to every address, so any
-    name may be the right one)."""
+def allowed_hosts(address: str, port: int, names: Iterable[str] = ()) -> frozenset[str]:
+    """Host headers answered when bound to `address`: that address, localhost when it is
+    loopback (or every address), and `names` (--allowed-hosts), each with the port. Bound to
+    every address, which names reach it is the user's to say: without `names` that is refused
+    (ValueError), as answering any Host would let a rebound name act as the user."""
     ip = ipaddress.ip_address(address)
-    if ip.is_unspecified:
-        return None
-    shown = f"[{address}]" if ip.version == 6 else address
-    hosts = {f"{shown}:{port}"}
-    if ip.is_loopback:
-        hosts.add(f"localhost:{port}")
+    given = [n.strip() for n in names if n.strip()]
+    if ip.is_unspecified and not given:
+        raise ValueError(
+            f"bound to every address ({address}), the dashboard answers only the names you list: "
+            "pass --allowed-hosts NAME[,NAME...] (the names or addresses you will open it by)"
+        )
+    listed = [] if ip.is_unspecified else [address]
+    if ip.is_loopback or ip.is_unspecified:
+        listed += ["localhost", "127.0.0.1", "::1"] if ip.is_unspecified else ["localhost"]
+    hosts = set()
+    for name in [*listed, *given]:
+        try:
+            literal = ipaddress.ip_address(name.strip("[]"))
+        except ValueError:
+            hosts.add(f"{name.lower()}:{port}")
+        else:
+            hosts.add(f"[{literal}]:{port}" if literal.version == 6 else f"{literal}:{port}")
     return frozenset(hosts)
 
 
-async def serve(target: actions.Target, all_namespaces: bool, address: str, port: int) -> int:
+def _bracketed(name: str) -> str:
+    name = name.strip().strip("[]")
+    return f"[{name}]" if ":" in name else name
+
+
+async def serve(
+    target: actions.Target, all_namespaces: bool, address: str, port: int, names: Iterable[str] = ()
+) -> int:
+    try:
+        allowed_hosts(address, port, names)  # refused before anything else happens
+    except ValueError as exc:
+        raise ActionError(str(exc), 2) from None
     api, namespace = actions.connect(target)
     scope = None if all_namespaces else namespace
     # Listed before listening: a kubeconfig that cannot read rollouts fails here, in one line.
@@ -287,7 +344,7 @@ async def serve(target: actions.Target, all_namespaces: bool, address: str, port
         await runner.cleanup()
         raise ActionError(f"cannot listen on {address}:{port}: {exc.strerror or exc}", 2) from None
     bound = int(runner.addresses[0][1])
-    dashboard.hosts = allowed_hosts(address, bound)
+    dashboard.hosts = allowed_hosts(address, bound, names)
     stop_watch = threading.Event()
     loop = asyncio.get_running_loop()
     for name, feed, first in (
@@ -302,6 +359,10 @@ async def serve(target: actions.Target, all_namespaces: bool, address: str, port
     shown = "all namespaces" if scope is None else f"namespace {scope}"
     # The URL ends the line, as the agent's and `serve`'s banners do: scripts read it from there.
     print(f"ckpt-rollout dashboard of {shown} (Ctrl-C stops) on http://{host}:{bound}", flush=True)
+    # Its own line, after the banner that scripts parse: the page's token is in it. Bound to
+    # every address, the page is opened by a name it answers to.
+    opened = host if not ipaddress.ip_address(address).is_unspecified else _bracketed(next(iter(names)))
+    print(f"open http://{opened}:{bound}/{dashboard.url}", flush=True)
     try:
         await stopped.wait()
     finally:
