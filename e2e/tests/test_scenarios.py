@@ -470,7 +470,7 @@ def test_pause_resume_and_promote(provider: Provider) -> None:
 
 def test_abort(provider: Provider) -> None:
     """`ckpt-rollout abort` after the canary: the canary goes back to v1; the next version
-    then rolls out normally."""
+    then rolls out normally, and so does the aborted version set again."""
     fleet = provider.fleet(3)
     workers = fleet.workers(3)
     provider.rollouts.create(
@@ -498,6 +498,12 @@ def test_abort(provider: Provider) -> None:
     assert status["previousVersion"] == "v1"
     assert set(_serving(provider, fleet, workers, SMALL).values()) == {"v3"}
     assert _calls(fleet, workers) == {w.name: (3 if w.name == canary else 1) for w in workers}
+
+    # The abort named v2's first rollout: v2 set again rolls out afresh (the annotation stays).
+    provider.rollouts.patch_spec(NAME, {"version": "v2"})
+    status = provider.rollouts.wait_phase(NAME, ENDED, version="v2")
+    assert status["phase"] == "Succeeded", _why(status)
+    assert set(_serving(provider, fleet, workers, SMALL).values()) == {"v2"}
 
 
 @pytest.mark.parametrize(
