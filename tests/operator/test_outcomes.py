@@ -74,6 +74,14 @@ def test_settles(entry: dict[str, Any], settled: bool) -> None:
             {
                 "state": "failed",
                 "version": "v1",
+                "last_error": {"version": "v2", "reason": "Cancelled", "message": "shutting down"},
+            },
+            (Outcome.WAITING, "", ""),  # neither a failure nor a call to make again
+        ),
+        (
+            {
+                "state": "failed",
+                "version": "v1",
                 "last_error": {"version": "v0", "reason": "X", "message": "m"},
             },
             (Outcome.LOST, "", ""),
