@@ -46,6 +46,24 @@ ENDED = {Phase.SUCCEEDED, Phase.FAILED, Phase.ROLLED_BACK}
 AGENTS_UP = f'sum(up{{job="{DEFAULT_AGENT_JOB}", namespace="{{{{namespace}}}}"}})'
 
 
+@pytest.fixture
+def operator(
+    crd_installed: None, namespace: str, operator_identity: OperatorIdentity, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """The usual operator, allowing CRs to name this test's Prometheus (on 127.0.0.1, its port
+    picked per test): it dials no prometheusAddress it was not told it may."""
+    proc = OperatorProcess(
+        operator_identity.kubeconfig,
+        namespace,
+        operator_identity.minted,
+        tmp_path / "operator",
+        ["--allowed-prometheus", "http://127.0.0.1"],
+    )
+    proc.start()
+    yield proc
+    proc.stop()
+
+
 @contextmanager
 def _scraped_fleet(
     fleet_factory: Callable[..., Fleet], namespace: str, work: Path

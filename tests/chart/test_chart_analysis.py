@@ -39,3 +39,23 @@ def test_a_url_the_operator_would_refuse_fails_the_install(helm: Helm, bad: str)
     assert "prometheusUrl" in error, error
     with pytest.raises(SystemExit):
         _parsed([f"--prometheus-url={bad}"])
+
+
+def _allowed(args: list[str]) -> tuple[str, ...]:
+    parser = argparse.ArgumentParser()
+    add_operator_arguments(parser)
+    return tuple(str(r) for r in config_from_args(parser.parse_args(args)).tuning.prometheus_allowed)
+
+
+def test_allowed_prometheus_reaches_the_operators_settings(helm: Helm) -> None:
+    rules = ["http://thanos.monitoring:10902", "https://*.prom.internal"]
+    args = _operator(helm.template({"analysis": {"allowedPrometheus": rules}}))["args"]
+    assert f"--allowed-prometheus={','.join(rules)}" in args
+    assert _allowed(args) == tuple(rules)
+    # Unset: no flag, and the operator queries its own --prometheus-url only.
+    assert not any(a.startswith("--allowed-prometheus") for a in _operator(helm.template())["args"])
+
+
+def test_an_allowed_prometheus_the_operator_would_refuse_fails_the_install(helm: Helm) -> None:
+    error = helm.template_error({"analysis": {"allowedPrometheus": ["file:///etc"]}})
+    assert "allowedPrometheus" in error, error

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from ckpt_api.source_policy import parse_rule
 from ckpt_api.spec import CheckpointRolloutSpec
 from ckpt_api.status import CheckpointRolloutStatus
 from ckpt_api.vocabulary import ConditionType, EventReason, Phase, WaveKind, WavePhase
@@ -24,7 +25,8 @@ from ckpt_rollout.domain.world import Memory, Now, Peer, Pod, Tuning, rfc3339
 NOW = Now(wall=1_800_000_000.0, mono=10_000.0)
 STAMP = NOW.stamp
 EARLIER = rfc3339(NOW.wall - 60)
-TUNING = Tuning()
+# The operator allows the Prometheus the analysis tables name (analysis_kit.PROM).
+TUNING = Tuning(prometheus_allowed=(parse_rule("http://prometheus.monitoring:9090"),))
 PODS = [f"p{i}" for i in range(4)]
 ORDER = rollout_order(PODS, "u-1/v2")  # the machine's wave order for this rollout
 CANARY, REST = ORDER[0], sorted(ORDER[1:])
@@ -111,7 +113,7 @@ class Case:
     wake: float | None = None
     memory: Memory = field(default_factory=Memory)
     probe: str | None = None
-    tuning: Tuning = field(default_factory=Tuning)
+    tuning: Tuning = field(default_factory=lambda: TUNING)
     # Anything else the row is about: observe(plan) must equal observed.
     observe: Callable[[Plan], object] = lambda plan: None
     observed: object = None
@@ -223,7 +225,7 @@ def canary_done(
         calls=REST,
         events=[EventReason.WAVE_COMPLETED, EventReason.WAVE_STARTED],
         wake=TUNING.pull_after_s,
-        tuning=tuning or Tuning(),
+        tuning=tuning or TUNING,
         observe=observe,
         observed=observed,
     )

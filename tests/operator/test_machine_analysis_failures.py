@@ -185,6 +185,27 @@ CASES = [
             "unpinned: no manifest digest of v1 is recorded",
         ),
     ),
+    Case(
+        # A CR author's address the operator does not allow is never dialled: no measurement.
+        "a-prometheus-address-off-the-operators-list-fails-at-once-unmeasured",
+        rollout(
+            analyzing(),
+            spec={"strategy": {"analysis": {**ANALYSIS, "prometheusAddress": "http://169.254.169.254:80"}}},
+        ),
+        State.ADVANCE,
+        Phase.ROLLING_BACK,
+        calls=[CANARY],
+        events=[EventReason.ANALYSIS_FAILED, EventReason.ROLLBACK_STARTED],
+        wake=TUNING.pull_after_s,
+        observe=lambda p: (state(p)[:3], p.measurement, p.status.message),
+        observed=(
+            (AnalysisPhase.FAILED, 0, 0),
+            None,
+            "wave 1/2: analysis failed: prometheusAddress http://169.254.169.254:80 is not one the "
+            "operator may query (http://prometheus.monitoring:9090; --allowed-prometheus adds others); "
+            "rolling 1 worker back to v1, unpinned: no manifest digest of v1 is recorded",
+        ),
+    ),
 ]
 
 test_decide, test_every_step_comes_to_rest = table_tests(CASES)

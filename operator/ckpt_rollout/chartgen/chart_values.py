@@ -271,6 +271,16 @@ class Analysis(ApiModel):
             max_length=2048,
         ),
     ] = ""
+    allowed_prometheus: Annotated[
+        list[Annotated[str, Field(pattern=r"^https?://[^\s,]+$", max_length=2048)]],
+        _field(
+            "The only Prometheus addresses a CheckpointRollout's prometheusAddress may name "
+            "(--allowed-prometheus): http(s)://host[:port][/path] rules, host a name, *.domain or "
+            "a CIDR of addresses written as such. Empty: prometheusUrl alone (an address a CR "
+            "author picks is dialled from the operator's network position, so only these are).",
+            max_length=64,
+        ),
+    ] = []
 
 
 class SourcePolicyValues(ApiModel):

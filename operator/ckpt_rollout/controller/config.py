@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ckpt_api.constants import DEFAULT_AGENT_AUDIENCE
-from ckpt_api.source_policy import SourcePolicy, parse_rule
+from ckpt_api.source_policy import SourcePolicy, SourceRule, parse_rule
 from ckpt_api.spec import PROMETHEUS_ADDRESS_PATTERN
 from ckpt_api.tls import ReloadingContext, TLSFileError, ca_context
 from ckpt_rollout.domain.world import Tuning
@@ -77,6 +77,22 @@ def prometheus_url(value: str) -> str | None:
     if not re.fullmatch(PROMETHEUS_ADDRESS_PATTERN, value):
         raise argparse.ArgumentTypeError(f"{value!r} is not an http(s)://host[:port][/path] URL")
     return value
+
+
+def prometheus_rules(value: str) -> tuple[SourceRule, ...]:
+    """--allowed-prometheus: source-policy rules, http(s) only."""
+    rules = []
+    for text in (r.strip() for r in value.split(",")):
+        if not text:
+            continue
+        try:
+            rule = parse_rule(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc).replace("source rule", "rule")) from None
+        if rule.scheme not in ("http", "https"):
+            raise argparse.ArgumentTypeError(f"{text!r}: Prometheus is reached over http or https")
+        rules.append(rule)
+    return tuple(rules)
 
 
 def add_operator_arguments(parser: argparse.ArgumentParser) -> None:
@@ -152,6 +168,14 @@ def add_operator_arguments(parser: argparse.ArgumentParser) -> None:
         help="Prometheus for spec.strategy.analysis when a CR names none; env CKPT_PROMETHEUS_URL",
     )
     parser.add_argument(
+        "--allowed-prometheus",
+        type=prometheus_rules,
+        default=env("CKPT_ALLOWED_PROMETHEUS", ""),
+        help="comma-separated http(s)://host[:port][/path] rules a rollout's "
+        "spec.strategy.analysis.prometheusAddress must match (host: a name, *.domain or a CIDR "
+        "of addresses written as such); default: the --prometheus-url only; env CKPT_ALLOWED_PROMETHEUS",
+    )
+    parser.add_argument(
         "--allowed-sources",
         type=source_rules,
         default=env("CKPT_ALLOWED_SOURCES", ""),
@@ -195,7 +219,11 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         leader_election=args.leader_election,
         lease_namespace=args.lease_namespace,
         log_format=args.log_format,
-        tuning=Tuning(prometheus_url=args.prometheus_url, agent_tls=args.agent_ca_file is not None),
+        tuning=Tuning(
+            prometheus_url=args.prometheus_url,
+            prometheus_allowed=args.allowed_prometheus,
+            agent_tls=args.agent_ca_file is not None,
+        ),
         source_policy=SourcePolicy.parse(
             args.allowed_sources, allow_link_local=args.allow_link_local_sources
         ),

@@ -6,7 +6,9 @@ import operator
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
+from ckpt_api.source_policy import SourceRule, parse_rule
 from ckpt_api.spec import SUCCESS_CONDITION_PATTERN
 from ckpt_api.status import AnalysisResult
 from ckpt_rollout.domain.world import QueryAnswer
@@ -21,7 +23,12 @@ _COMPARE: dict[str, Callable[[float, float], bool]] = {
 }
 _CONDITION = re.compile(SUCCESS_CONDITION_PATTERN)
 _PLACEHOLDER = re.compile(r"\{\{(namespace|rollout|version|wave)\}\}")
-_MAX_ERROR = 300  # of Prometheus's error text, in a status message
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+# Prometheus's own error kinds: only these are named in status; anything else a reply says stays
+# out of it (the CR author reads status, and a reply is not theirs to read).
+_ERROR_TYPES = frozenset(
+    {"bad_data", "timeout", "canceled", "execution", "internal", "unavailable", "not_found", "not_acceptable"}
+)
 
 
 def render(query: str, values: Mapping[str, str]) -> str:
@@ -39,13 +46,56 @@ def parse_condition(condition: str) -> tuple[str, float]:
     return op, float(condition.strip()[len("result") :].strip()[len(op) :])
 
 
+def allowed_prometheus(prometheus_url: str | None, rules: tuple[SourceRule, ...]) -> tuple[SourceRule, ...]:
+    """The addresses a CR's prometheusAddress may name: `rules` (--allowed-prometheus), else the
+    operator's own Prometheus (its scheme, host, port and path) and nothing else."""
+    if rules or not prometheus_url:
+        return rules
+    parts = urlsplit(prometheus_url)
+    rule = parse_rule(prometheus_url.rstrip("/"))
+    port = parts.port or _DEFAULT_PORTS[parts.scheme]
+    return (SourceRule(rule.scheme, rule.host, rule.network, port, rule.path),)
+
+
+def prometheus_refusal(address: str, allowed: tuple[SourceRule, ...]) -> str | None:
+    """Why the operator will not query ``address`` (None: it may). A name is matched as a name
+    only (a CIDR rule allows addresses written as such), so no name resolves its way in."""
+    parts = urlsplit(address)
+    try:
+        port = parts.port or _DEFAULT_PORTS.get(parts.scheme)
+    except ValueError:
+        return f"prometheusAddress {address} has an invalid port"
+    host = (parts.hostname or "").lower()
+    path = parts.path or "/"
+    if any(
+        r.scheme == parts.scheme and r.port in (None, port) and r.allows_host(host)
+        for r in allowed
+        if r.allows_path(path)
+    ):
+        return None
+    if not allowed:
+        return (
+            f"prometheusAddress {address} is not one the operator may query: it queries only its own "
+            "--prometheus-url, and none is set (or allow addresses with --allowed-prometheus)"
+        )
+    return (
+        f"prometheusAddress {address} is not one the operator may query "
+        f"({', '.join(str(r) for r in allowed)}; --allowed-prometheus adds others)"
+    )
+
+
 def parse_reply(status: int, body: Any) -> QueryAnswer:
-    """The values of a /api/v1/query reply (a vector's samples, or a scalar), or its error."""
+    """The values of a /api/v1/query reply (a vector's samples, or a scalar), or its error in
+    words of our own: the reply's text never reaches status (its `error` is the operator's log's)."""
+    if status in range(300, 400):
+        return QueryAnswer(error=f"HTTP {status}: a redirect, which the operator does not follow")
     if not isinstance(body, dict):
         return QueryAnswer(error=f"HTTP {status}: not a Prometheus API reply")
     if body.get("status") != "success":
-        kind = body.get("errorType") or f"HTTP {status}"
-        return QueryAnswer(error=f"{kind}: {str(body.get('error') or 'no error given')[:_MAX_ERROR]}")
+        kind = body.get("errorType")
+        named = f"{kind}, " if kind in _ERROR_TYPES else ""
+        logged = "; the operator's log has its message" if body.get("error") else ""
+        return QueryAnswer(error=f"Prometheus refused the query ({named}HTTP {status}){logged}")
     data = body.get("data")
     kind = data.get("resultType") if isinstance(data, dict) else None
     result = data.get("result") if isinstance(data, dict) else None

@@ -23,7 +23,7 @@ from ckpt_api.vocabulary import (
     RolloutReason,
     WavePhase,
 )
-from ckpt_rollout.domain.analysis import judge, render
+from ckpt_rollout.domain.analysis import allowed_prometheus, judge, prometheus_refusal, render
 from ckpt_rollout.domain.conditions import Verdict
 from ckpt_rollout.domain.plan import Draft, Measurement, wave_name
 from ckpt_rollout.domain.wording import counted
@@ -97,6 +97,11 @@ def step(d: Draft, index: int) -> Ending | None:
             "or the operator's --prometheus-url"
         )
         return _failed(d, index, state, f"{label}: analysis failed: {why}")
+    if analysis.prometheus_address:
+        allowed = allowed_prometheus(d.tuning.prometheus_url, d.tuning.prometheus_allowed)
+        refused = prometheus_refusal(analysis.prometheus_address, allowed)
+        if refused is not None:
+            return _failed(d, index, state, f"{label}: analysis failed: {refused}")
     key = f"{d.spec.version}/{index}/{state.measurements}"
     measured = d.memory.measured
     # Answers to a query list edited since they were asked are dropped: measured again.

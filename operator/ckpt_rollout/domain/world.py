@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from ckpt_api.source_policy import SourceRule
 from ckpt_api.status import WorkerStatus
 from ckpt_rollout.domain.troubles import Trouble
 
@@ -87,6 +88,9 @@ class Tuning:
     # spec.strategy.analysis: where Prometheus is when the CR names none (--prometheus-url), and
     # the limit on one measurement's queries.
     prometheus_url: str | None = None
+    # What a CR's prometheusAddress may name (--allowed-prometheus): the operator dials nothing
+    # else with its network position. Empty: the one at prometheus_url only.
+    prometheus_allowed: tuple[SourceRule, ...] = ()
     prometheus_timeout_s: float = 10.0
     # Agents serve https (the operator verifies them with --agent-ca-file): the peer URLs the
     # operator hands out say so too. False only with --agent-plain-http.
