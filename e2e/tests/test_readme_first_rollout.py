@@ -28,7 +28,8 @@ from ckpt_e2e.kubectl import Kubectl
 from ckpt_e2e.provision import resolve
 from ckpt_e2e.readme import Block, BlocksRun, run_blocks, section_blocks, shell_env
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
+# It starts the real node itself (make cluster-up REAL_NODE=1), not through the real_cluster fixture.
+pytestmark = [pytest.mark.integration, pytest.mark.realnode, pytest.mark.timeout(2400)]
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTION = "First rollout"
