@@ -232,11 +232,11 @@ class ManifestDocument(_Record):
         files = self.files
         seen: set[str] = set()
         by_file: dict[str, list[TensorRecord]] = {}
-        for t in self.tensors:
-            where = f"tensor {t.name!r}"
+        for index, t in enumerate(self.tensors):
+            where = tensor_label(t.name, index)
             shard = files.get(t.file)
             if shard is None:
-                _fail(f"{where}: file {t.file!r} is not listed in files")
+                _fail(f"{where}: file {shown(t.file, 128)} is not listed in files")
             try:
                 expected = tensor_nbytes(t.dtype, t.shape)
             except ValueError as exc:
@@ -253,7 +253,7 @@ class ManifestDocument(_Record):
             entries.sort(key=lambda t: t.offset)
             for prev, cur in itertools.pairwise(entries):
                 if cur.offset < prev.offset + prev.nbytes:
-                    _fail(f"tensors {prev.name!r} and {cur.name!r} overlap in {fname}")
+                    _fail(f"tensors {shown(prev.name, 128)} and {shown(cur.name, 128)} overlap in {fname}")
         for fname in self.extra_files:
             if fname in files:
                 _fail(f"extra file {fname!r} is also listed in files")
@@ -277,6 +277,25 @@ def parse_document(raw: bytes) -> ManifestDocument:
 
 
 # What each field must be, for errors pydantic reports in its own words.
+# What of a manifest's own text a message may carry: it ends up in a CR's status, which the CR's
+# author reads, and a "manifest" fetched from the wrong address may be any reply at all.
+_SHOWN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+/-]*")
+
+
+def shown(value: object, limit: int = 64) -> str:
+    """`value` (from a manifest) for a message: a short name-like string or a small integer as
+    itself; anything else by its JSON type and size only, so no prose, markup or long text of
+    the reply is ever repeated."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 10**9:
+        return str(value)
+    if isinstance(value, str):
+        if len(value) <= limit and _SHOWN.fullmatch(value):
+            return repr(value)
+        return f"a string of {len(value)} characters"
+    kinds = {bool: "a boolean", type(None): "null", float: "a number", list: "a list", dict: "an object"}
+    return kinds.get(type(value), "a number" if isinstance(value, int) else "a value")
+
+
 _MUST_BE = {
     "version": "a non-empty string",
     "name": f"a non-empty string of at most {MAX_TENSOR_NAME} characters",
@@ -307,21 +326,22 @@ def _describe(error: Any, raw: bytes) -> str:
         return "manifest must be a JSON object" if kind == "model_type" else str(error["msg"])
     top = loc[0]
     if top == "format_version":
-        return f"unsupported format_version {error.get('input')!r} (this reader reads 1 to {FORMAT_VERSION})"
+        given = shown(error.get("input"), 0)  # a number: a string is not repeated at all
+        return f"unsupported format_version {given} (this reader reads 1 to {FORMAT_VERSION})"
     if top in ("files", "extra_files") and len(loc) >= 2:
         what = "shard" if top == "files" else "extra"
         if loc[-1] == "[key]":
-            return f"unsafe {what} file name {loc[1]!r}"
+            return f"unsafe {what} file name {shown(loc[1], 128)}"
         if len(loc) == 2:
-            return f"{top}[{loc[1]!r}] must be an object"
-        return f"{top}[{loc[1]!r}].{loc[2]} must be {_MUST_BE.get(str(loc[2]), 'valid')}"
+            return f"{top}[{shown(loc[1], 128)}] must be an object"
+        return f"{top}[{shown(loc[1], 128)}].{loc[2]} must be {_MUST_BE.get(str(loc[2]), 'valid')}"
     if top == "tensors" and len(loc) >= 2:
         where = _tensor_where(raw, loc[1])
         if len(loc) == 2:
             return f"{where} must be an object"
         field = str(loc[2])
         if field == "dtype":
-            return f"{where}: unknown dtype {error.get('input')!r}"
+            return f"{where}: unknown dtype {shown(error.get('input'), 16)}"
         if field == "shape" and len(loc) > 3:
             return f"{where}: shape dimension {loc[3]} must be an integer >= 0"
         return f"{where}: {field} must be {_MUST_BE.get(field, 'valid')}"
@@ -334,7 +354,14 @@ def _tensor_where(raw: bytes, index: str | int) -> str:
         name = json.loads(raw)["tensors"][int(index)]["name"]
     except (ValueError, KeyError, IndexError, TypeError):
         name = None
-    return f"tensor {name!r}" if isinstance(name, str) and name else f"tensors[{index}]"
+    return tensor_label(name, index)
+
+
+def tensor_label(name: object, index: str | int) -> str:
+    """A tensor in a message: by its name when that is short and name-like, else its index."""
+    if isinstance(name, str) and len(name) <= 128 and _SHOWN.fullmatch(name):
+        return f"tensor {name!r}"
+    return f"tensors[{index}]"
 
 
 def render_schema() -> str:

@@ -9,23 +9,24 @@ _PERCENT_RE = re.compile(PERCENT_PATTERN)
 _PERCENT_OR_ZERO_RE = re.compile(PERCENT_OR_ZERO_PATTERN)
 
 
-def validate_version(version: object) -> str:
-    """Return ``version`` if it is a safe checkpoint version name, else raise ValueError."""
+def validate_version(version: object, *, named: str | None = None) -> str:
+    """Return ``version`` if it is a safe checkpoint version name, else raise ValueError.
+    ``named``: how the message calls it instead of quoting it (a value its reader may not see)."""
     if not isinstance(version, str):
         raise ValueError(f"version must be a string, got {type(version).__name__}")
     if not version:
         raise ValueError("version must not be empty")
     if len(version) > 128:
         raise ValueError(f"version is {len(version)} characters long; at most 128 are allowed")
+    label = named or f"version {version!r}"
     if "/" in version:
-        raise ValueError(f"version {version!r} contains '/'")
+        raise ValueError(f"{label} contains '/'")
     if ".." in version:
-        raise ValueError(f"version {version!r} contains '..'")
+        raise ValueError(f"{label} contains '..'")
     # fullmatch: with match, the pattern's `$` also matches before a final newline ("v2\n").
     if not _VERSION_RE.fullmatch(version):
         raise ValueError(
-            f"version {version!r} must start with a letter or digit and contain only "
-            "letters, digits, '.', '_' and '-'"
+            f"{label} must start with a letter or digit and contain only letters, digits, '.', '_' and '-'"
         )
     return version
 

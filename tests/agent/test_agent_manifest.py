@@ -128,3 +128,36 @@ def test_plan_runs_groups_contiguous_tensors_and_splits_on_gaps_and_size() -> No
     assert [[e.name for e in r.entries] for r in runs] == [["a0", "a1", "a2"], ["a3"], ["b0"]]
     split = plan_runs(manifest, max_run_bytes=15)
     assert [[e.name for e in r.entries] for r in split] == [["a0"], ["a1"], ["a2"], ["a3"], ["b0"]]
+
+
+SECRET = "hunter2"
+PAGE = f"<html><body>internal admin page, password {SECRET}</body></html>"
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        _with("format_version", PAGE),
+        _with("format_version", SECRET),
+        _with("format_version", {"token": SECRET}),
+        _with("version", PAGE),
+        _with("files", {PAGE: {"size": 1}}),
+        _with("tensors.0.dtype", PAGE),
+        _with("tensors.0.file", PAGE),
+        # A tensor may be called anything; one called so and also wrong is named by its index.
+        {**_with("tensors.0.nbytes", 15), "tensors": [{**_doc()["tensors"][0], "name": PAGE, "nbytes": 15}]},
+    ],
+    ids=["format-page", "format-short", "format-object", "version", "file", "dtype", "tensor-file", "tensor"],
+)
+def test_a_replys_text_is_not_repeated_in_the_message(doc: dict[str, Any]) -> None:
+    """A "manifest" fetched from the wrong address may be any page; its message reaches the CR's
+    status, so it names what is wrong and repeats only short name-like values, never prose or
+    markup (and no string given where a number belongs)."""
+    with pytest.raises(LoadError) as info:
+        parse_manifest(json.dumps(doc).encode(), expected_version="v9")
+    assert info.value.reason == Reason.INVALID_MANIFEST
+    assert "internal admin page" not in info.value.message
+    assert "<html>" not in info.value.message
+    if "format_version" in doc and doc["format_version"] != 1:
+        assert SECRET not in info.value.message
+        assert "unsupported format_version" in info.value.message

@@ -148,3 +148,15 @@ def test_recovered_gives_the_phase_its_conditions_back() -> None:
     assert held == {"Complete", "Ready"}
     assert _conds(recovered)["Stalled"] == ("False", RolloutReason.VERSION_SOURCE_RESOLVED)
     assert recovered_status(recovered, "again", now=NOW, generation=3) is None
+
+
+@pytest.mark.parametrize(
+    "value", ["db-password: hunter2", "../../hunter2", "hunter2..x", "hunter2 <b>internal</b>"]
+)
+def test_an_invalid_value_is_never_repeated_in_the_status(value: str) -> None:
+    """The operator reads the ConfigMap with its own rights; the CR's author reads the status
+    and may have none on the ConfigMap, so the message says what is wrong, not what is there."""
+    got = resolve_version(REF, _cm({"version": value}))
+    assert isinstance(got, SourceInvalid)
+    assert "hunter2" not in got.message
+    assert "the value" in got.message

@@ -52,7 +52,9 @@ def resolve_version(ref: ConfigMapKeyRef, state: ConfigMapState) -> str | Source
     # A value written with `kubectl create configmap --from-file` ends in a newline.
     value = state.data[ref.key].strip()
     try:
-        return validate_version(value)
+        # Never the value itself: the operator reads the ConfigMap with its own rights, and the
+        # CR's author, who reads status, may have none on it.
+        return validate_version(value, named="the value")
     except ValueError as exc:
         return SourceInvalid(f"{where}: {exc}")
 

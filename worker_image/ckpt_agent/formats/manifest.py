@@ -23,6 +23,7 @@ from ckpt_api.manifest import (
     ManifestError,
     is_valid_file_name,
     parse_document,
+    shown,
 )
 
 __all__ = [
@@ -184,7 +185,7 @@ def parse_manifest(raw: bytes, *, expected_version: str | None = None) -> Manife
     if expected_version is not None and doc.version != expected_version:
         raise LoadError(
             Reason.INVALID_MANIFEST,
-            f"invalid manifest: manifest is for version {doc.version!r}, not {expected_version!r}",
+            f"invalid manifest: manifest is for version {shown(doc.version, 128)}, not {expected_version!r}",
         )
     return Manifest(
         version=doc.version,
