@@ -10,7 +10,16 @@ import pytest
 import yaml
 
 from ckpt_api.vocabulary import Phase, RolloutReason
-from ckpt_e2e.gitops import ARGOCD_CM, HEALTH_KEY, HEALTH_LUA, ROOT, Health, argocd_health, lua_literal
+from ckpt_e2e.gitops import (
+    ARGOCD_CM,
+    HEALTH_KEY,
+    HEALTH_LUA,
+    ROOT,
+    Health,
+    argocd_health,
+    kstatus,
+    lua_literal,
+)
 from ckpt_rollout.domain.conditions import Verdict, evaluate_conditions
 
 GENERATION = 4
@@ -71,6 +80,16 @@ AWKWARD = 'wave 1/2: pod "w-0" said C:\\ckpt\nnot found — ünïcode'
         (Verdict(Phase.FAILED, "VersionNotFound", AWKWARD), "Degraded"),
         (Verdict(Phase.ROLLED_BACK, RolloutReason.ROLLED_BACK, "back on v1"), "Degraded"),
         (Verdict(Phase.PENDING, RolloutReason.SELECTOR_CONFLICT, "b selects them", stalled=True), "Degraded"),
+        # Stalled whatever the phase: one verdict with kstatus's Failed (below).
+        (
+            Verdict(Phase.SUCCEEDED, RolloutReason.SELECTOR_CONFLICT, "b selects them", stalled=True),
+            "Degraded",
+        ),
+        (Verdict(Phase.PAUSED, RolloutReason.SELECTOR_CONFLICT, "b selects them", stalled=True), "Degraded"),
+        (
+            Verdict(Phase.PROGRESSING, RolloutReason.SELECTOR_CONFLICT, "b selects them", stalled=True),
+            "Degraded",
+        ),
     ],
     ids=lambda v: f"{v.phase}{'-stalled' if v.stalled else ''}" if isinstance(v, Verdict) else v,
 )
@@ -116,3 +135,25 @@ def test_a_script_using_what_argo_cd_does_not_open_fails(tmp_path: Path) -> None
 )
 def test_json_becomes_lua_table_constructors(value: Any, literal: str) -> None:
     assert lua_literal(value) == literal
+
+
+VERDICTS = [
+    Verdict(Phase.PENDING, RolloutReason.NO_WORKERS, "no pods match"),
+    Verdict(Phase.PROGRESSING, RolloutReason.WAVE_STARTED, "wave 1/2 started"),
+    Verdict(Phase.SUCCEEDED, RolloutReason.ROLLOUT_COMPLETED, "v2 on 3/3 pods"),
+    Verdict(Phase.ROLLED_BACK, RolloutReason.ROLLED_BACK, "back on v1"),
+    *(
+        Verdict(phase, RolloutReason.SELECTOR_CONFLICT, "b selects them", stalled=True)
+        for phase in (Phase.PENDING, Phase.PROGRESSING, Phase.PAUSED, Phase.SUCCEEDED)
+    ),
+]
+
+
+def test_argo_cd_and_kstatus_give_one_verdict() -> None:
+    """Argo CD's Degraded is kstatus's Failed (what Flux waits on), Healthy its Current, for every
+    status the operator writes, a stalled one whatever its phase included."""
+    objs = [_rollout(v) for v in VERDICTS]
+    pairs = [(argocd_health(o).status, k.status) for o, k in zip(objs, kstatus(objs), strict=True)]
+    for (argo, flux), verdict in zip(pairs, VERDICTS, strict=True):
+        assert (argo == "Degraded") == (flux == "Failed"), (verdict, argo, flux)
+        assert (argo == "Healthy") == (flux == "Current"), (verdict, argo, flux)

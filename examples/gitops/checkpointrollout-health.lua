@@ -35,6 +35,18 @@ if message == nil or message == "" then
   message = status.phase
 end
 
+-- Stalled: blocked on something only a user can fix (another rollout selects the same pods),
+-- whatever the phase says, so it is read before the phase (a Succeeded rollout stalled by a
+-- newer overlapping one is not Healthy); kstatus, which Flux waits on, reads it as Failed too.
+-- The condition's message names the cause.
+local stalled = condition(status, "Stalled")
+if stalled ~= nil and stalled.status == "True" then
+  if stalled.message ~= nil and stalled.message ~= "" then
+    message = stalled.message
+  end
+  return say("Degraded", message)
+end
+
 local phase = status.phase
 if phase == "Succeeded" then
   return say("Healthy", message)
@@ -44,16 +56,6 @@ if phase == "Failed" or phase == "RolledBack" then
 end
 if phase == "Paused" then
   return say("Suspended", message)
-end
-
--- Stalled: blocked on something only a user can fix (another rollout selects the same pods),
--- whatever the phase says; the condition's message names the cause.
-local stalled = condition(status, "Stalled")
-if stalled ~= nil and stalled.status == "True" then
-  if stalled.message ~= nil and stalled.message ~= "" then
-    message = stalled.message
-  end
-  return say("Degraded", message)
 end
 
 if phase == "Pending" or phase == "Progressing" or phase == "RollingBack" then
