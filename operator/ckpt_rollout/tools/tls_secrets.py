@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from ckpt_api.tls import AGENT_CA_SECRET, AGENT_TLS_SECRET, agent_server_name
+from ckpt_api.vocabulary import COMPONENT_LABEL
 
 CA_COMMON_NAME = "ckpt-rollout-agent-ca"
 # Certificates valid from a little before now: a node whose clock runs behind still accepts them.
@@ -116,7 +117,7 @@ def _secret(name: str, namespace: str, component: str, data: dict[str, bytes]) -
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "labels": {"app.kubernetes.io/part-of": "ckpt-rollout", "app.kubernetes.io/component": component},
+            "labels": {"app.kubernetes.io/part-of": "ckpt-rollout", COMPONENT_LABEL: component},
         },
         "type": "kubernetes.io/tls",
         "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
