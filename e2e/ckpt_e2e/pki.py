@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from ckpt_api.tls import agent_server_name
+from ckpt_rollout.tools.tls_secrets import CA_KEY_USAGE
 
 _VALIDITY = dt.timedelta(days=7)
 
@@ -68,20 +69,7 @@ class ClusterPKI:
             .not_valid_before(now - dt.timedelta(minutes=5))
             .not_valid_after(now + _VALIDITY)
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
+            .add_extension(CA_KEY_USAGE, critical=True)
             .sign(self._ca_key, hashes.SHA256())
         )
         self.ca_cert = self.dir / "ca.crt"

@@ -70,24 +70,28 @@ def _builder(subject: x509.Name, issuer: x509.Name, public: ec.EllipticCurvePubl
     )
 
 
+# What a CA that signs only certificates (and their revocation lists) may do; the test PKI
+# (ckpt_e2e.pki) uses it too.
+CA_KEY_USAGE = x509.KeyUsage(
+    digital_signature=True,
+    key_cert_sign=True,
+    crl_sign=True,
+    content_commitment=False,
+    key_encipherment=False,
+    data_encipherment=False,
+    key_agreement=False,
+    encipher_only=False,
+    decipher_only=False,
+)
+
+
 def new_ca(days: int) -> CA:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CA_COMMON_NAME)])
-    usage = x509.KeyUsage(
-        digital_signature=True,
-        key_cert_sign=True,
-        crl_sign=True,
-        content_commitment=False,
-        key_encipherment=False,
-        data_encipherment=False,
-        key_agreement=False,
-        encipher_only=False,
-        decipher_only=False,
-    )
     cert = (
         _builder(name, name, key.public_key(), days)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(usage, critical=True)
+        .add_extension(CA_KEY_USAGE, critical=True)
         .sign(key, hashes.SHA256())
     )
     return CA(cert, key)
