@@ -4,21 +4,33 @@ mutmut names mutants by module path from its working directory, and the repo's `
 directory would make those `operator.ckpt_rollout...` — a name the standard library owns. So
 the run happens in a scratch tree laid out as the packages import (`ckpt_rollout/`,
 `ckpt_api/`, `ckpt_agent/`, `tests/`), holding copies of the modules under test and the unit
-tests that cover them. Only pure modules are mutated: no cluster, no network, a few minutes.
+tests that cover them. Only pure modules are mutated: no cluster, no network, ~10 minutes of both cores.
 Prints every surviving mutant (its diff) and exits 1 below the score floor.
+
+Results are cached per mutated module (``<cache>/mutation/``, ``<cache>`` as in provision.py:
+``$CKPT_E2E_CACHE_DIR`` or ``~/.cache/ckpt-rollout``) under a hash of what decides them: the
+module, the project modules it imports, the modules and tests that import it (its callers, down
+to the tests), the kits those tests use, mutmut's and Python's versions and this file. A run
+mutates only the modules whose hash moved, so an unchanged core costs seconds and an edit to one
+module pays for it and for what stands on it; the floor is checked over every module alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from importlib.metadata import version
 from pathlib import Path
+
+from .provision import cache_root
 
 ROOT = Path(__file__).resolve().parents[2]
 SCORE_FLOOR = 0.90
@@ -71,8 +83,9 @@ TESTS = (
 @dataclass(frozen=True)
 class Result:
     killed: int
-    survived: list[str]
+    survived: dict[str, str]  # mutant -> its diff
     not_run: int
+    cached: list[str] = field(default_factory=list)  # modules whose results came from the cache
 
     @property
     def total(self) -> int:
@@ -83,17 +96,119 @@ class Result:
         return self.killed / self.total if self.total else 1.0
 
 
-def stage(work: Path) -> None:
-    """The scratch tree mutmut runs in."""
+# --------------------------------------------------------------------------- cache keys
+
+
+def _module_file(name: str, near: Path) -> Path | None:
+    """The project file an import names: a package module under operator/, or a test kit
+    (tests import theirs by bare name from their own directory)."""
+    parts = name.split(".")
+    bases = [PACKAGES[parts[0]].parent] if parts[0] in PACKAGES else [near]
+    for base in bases:
+        stem = base.joinpath(*parts)
+        for candidate in (stem.with_suffix(".py"), stem / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def _imports(path: Path) -> set[Path]:
+    """Project files `path` imports, the packages on the way included."""
+    package = path.parent.relative_to(path.parent.anchor).parts  # only read for relative imports
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                top = next((i for i, part in enumerate(base) if part in PACKAGES), None)
+                module = ".".join([*base[top:], *([module] if module else [])]) if top is not None else ""
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
+    found = set()
+    for name in filter(None, names):
+        parts = name.split(".")
+        for end in range(1, len(parts) + 1):
+            file = _module_file(".".join(parts[:end]), path.parent)
+            if file is not None:
+                found.add(file)
+    return found - {path}
+
+
+def _reach(graph: dict[Path, set[Path]], start: Path) -> set[Path]:
+    seen, todo = {start}, [start]
+    while todo:
+        for nxt in graph[todo.pop()] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return seen
+
+
+def fingerprints() -> dict[str, str]:
+    """MUTATED module -> the hash its cached results are kept under (see the module's doc)."""
+    graph: dict[Path, set[Path]] = {}
+    todo = [ROOT / t for t in TESTS]
+    while todo:
+        file = todo.pop()
+        if file not in graph:
+            graph[file] = _imports(file)
+            todo.extend(graph[file])
+    reach = {file: _reach(graph, file) for file in graph}
+    common = hashlib.sha256()
+    for text in (version("mutmut"), sys.version.split()[0], Path(__file__).read_text()):
+        common.update(text.encode() + b"\0")
+    keys = {}
+    for module in MUTATED:
+        file = PACKAGES[module.split("/")[0]].parent / module
+        decides = reach.get(file, {file}) | {caller for caller, below in reach.items() if file in below}
+        digest = common.copy()
+        for part in sorted(decides):
+            digest.update(str(part.relative_to(ROOT)).encode() + b"\0" + part.read_bytes() + b"\0")
+        keys[module] = digest.hexdigest()
+    return keys
+
+
+def _cache_file(module: str, key: str) -> Path:
+    return cache_root() / "mutation" / f"{module.replace('/', '.')}-{key[:24]}.json"
+
+
+def cached_result(module: str, key: str) -> Result | None:
+    try:
+        entry = json.loads(_cache_file(module, key).read_text())
+    except (OSError, ValueError):
+        return None
+    return Result(killed=entry["killed"], survived=entry["survived"], not_run=0, cached=[module])
+
+
+def store(module: str, key: str, result: Result) -> None:
+    """Keeps one entry per module: the one for its current hash."""
+    path = _cache_file(module, key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for old in path.parent.glob(f"{module.replace('/', '.')}-*.json"):
+        old.unlink(missing_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"killed": result.killed, "survived": result.survived}, indent=1))
+    tmp.replace(path)
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def stage(work: Path, mutated: tuple[str, ...] = MUTATED) -> None:
+    """The scratch tree mutmut runs in, mutating `mutated`."""
     for name, src in PACKAGES.items():
         shutil.copytree(src, work / name, ignore=shutil.ignore_patterns("__pycache__"))
     (work / "tests").mkdir()
     for test in TESTS:
         shutil.copy2(ROOT / test, work / "tests" / Path(test).name)
-    paths = ", ".join(json.dumps(p) for p in MUTATED)
+    paths = ", ".join(json.dumps(p) for p in mutated)
     (work / "pyproject.toml").write_text(
         "[project]\nname = 'ckpt-mutation-scratch'\nversion = '0'\n"
-        f"[tool.mutmut]\nsource_paths = [{paths}]\n"
+        # The whole package goes into mutmut's tree (the mutated modules import the rest of
+        # it); only `mutated` is mutated.
+        f'[tool.mutmut]\nsource_paths = ["ckpt_rollout/"]\nonly_mutate = [{paths}]\n'
         'pytest_add_cli_args_test_selection = ["tests/"]\n'
         'also_copy = ["ckpt_api/"]\n'
         "[tool.pytest.ini_options]\nasyncio_mode = 'auto'\n"
@@ -101,18 +216,14 @@ def stage(work: Path) -> None:
     )
 
 
-def results(work: Path) -> Result:
-    """Killed/survived from mutmut's per-file records (exit code 0: the tests still passed)."""
-    killed, survived, not_run = 0, [], 0
-    for meta in sorted((work / "mutants").rglob("*.py.meta")):
-        for key, code in json.loads(meta.read_text())["exit_code_by_key"].items():
-            if code is None:
-                not_run += 1
-            elif code == 0:
-                survived.append(key)
-            else:
-                killed += 1
-    return Result(killed, survived, not_run)
+def results(work: Path, module: str) -> Result:
+    """Killed/survived of one module from mutmut's record of it (exit code 0: the tests still
+    passed), with each survivor's diff."""
+    meta = work / "mutants" / f"{module}.meta"
+    codes = json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
+    survived = {key: show(work, key) for key, code in sorted(codes.items()) if code == 0}
+    not_run = sum(code is None for code in codes.values())
+    return Result(len(codes) - len(survived) - not_run, survived, not_run)
 
 
 def show(work: Path, mutant: str) -> str:
@@ -122,17 +233,37 @@ def show(work: Path, mutant: str) -> str:
     return out.stdout.strip() or out.stderr.strip()
 
 
-def run(work: Path, *, max_children: int) -> Result:
-    stage(work)
+def mutate(work: Path, modules: tuple[str, ...], *, max_children: int) -> dict[str, Result]:
+    """mutmut over `modules` in a scratch tree at `work`; each module's results."""
+    stage(work, modules)
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     # The scratch packages must win over the editable install's paths to the checkout.
     env["PYTHONPATH"] = str(work)
     cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)]
     proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
-    result = results(work)
-    if proc.returncode != 0 and result.total == 0:
+    found = {module: results(work, module) for module in modules}
+    if proc.returncode != 0 and not any(r.total for r in found.values()):
         raise RuntimeError(f"mutmut failed ({proc.returncode}): {proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-    return result
+    return found
+
+
+def run(work: Path, *, max_children: int, use_cache: bool = True) -> Result:
+    """Every MUTATED module's results: from the cache where its hash is known, else mutmut's
+    (stored when every mutant ran)."""
+    keys = fingerprints()
+    by_module = {m: r for m in MUTATED if use_cache and (r := cached_result(m, keys[m])) is not None}
+    todo = tuple(m for m in MUTATED if m not in by_module)
+    if todo:
+        for module, result in mutate(work, todo, max_children=max_children).items():
+            by_module[module] = result
+            if result.not_run == 0:
+                store(module, keys[module], result)
+    return Result(
+        killed=sum(r.killed for r in by_module.values()),
+        survived={k: v for r in by_module.values() for k, v in r.survived.items()},
+        not_run=sum(r.not_run for r in by_module.values()),
+        cached=[m for r in by_module.values() for m in r.cached],
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,19 +271,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--floor", type=float, default=SCORE_FLOOR, help="minimum killed fraction")
     parser.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--keep", metavar="DIR", help="run in DIR (kept) instead of a temp dir")
+    parser.add_argument("--no-cache", action="store_true", help="mutate every module, cached or not")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="ckpt-mutation-") as tmp:
         work = Path(args.keep or tmp)
         if args.keep:
             shutil.rmtree(work, ignore_errors=True)
             work.mkdir(parents=True)
-        result = run(work, max_children=args.max_children)
-        diffs = [show(work, m) for m in result.survived]
-    for mutant, diff in zip(result.survived, diffs, strict=True):
+        result = run(work, max_children=args.max_children, use_cache=not args.no_cache)
+    for mutant, diff in result.survived.items():
         print(f"survived: {mutant}\n{diff}\n")
     print(
         f"mutation: killed={result.killed} survived={len(result.survived)} not_run={result.not_run} "
-        f"score={result.score:.3f} floor={args.floor:.2f}"
+        f"score={result.score:.3f} floor={args.floor:.2f} cached={len(result.cached)}/{len(MUTATED)} modules"
     )
     return 0 if result.score >= args.floor and result.not_run == 0 else 1
 
