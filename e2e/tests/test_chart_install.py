@@ -16,7 +16,6 @@ import base64
 import json
 import os
 import shutil
-import ssl
 import subprocess
 import tarfile
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ from ckpt_api.tls import AGENT_CA_SECRET, AGENT_TLS_SECRET, agent_server_name, c
 from ckpt_api.vocabulary import LEASE_NAME
 from ckpt_e2e.fixtures import ClusterHandle
 from ckpt_e2e.kubectl import Kubectl
+from ckpt_e2e.pki import handshake_in_memory
 from ckpt_e2e.procs import wait_for
 from ckpt_e2e.provision import resolve
 from ckpt_e2e.rollout_env import CLI
@@ -224,27 +224,6 @@ def _secret_file(kube: Kubectl, namespace: str, name: str, key: str, dest: Path)
     return dest
 
 
-def _verifies(server: ssl.SSLContext, client: ssl.SSLContext, name: str) -> None:
-    """An in-memory TLS handshake: the operator (`client`) verifying an agent (`server`) for `name`."""
-    c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
-    sides = (
-        (client.wrap_bio(c_in, c_out, server_hostname=name), c_out, s_in),
-        (server.wrap_bio(s_in, s_out, server_side=True), s_out, c_in),
-    )
-    for _ in range(10):
-        done = 0
-        for tls, sent, peer in sides:
-            try:
-                tls.do_handshake()
-                done += 1
-            except ssl.SSLWantReadError:
-                pass
-            peer.write(sent.read())
-        if done == 2:
-            return
-    raise AssertionError("handshake did not finish")
-
-
 def _worker_status_write_refused(kube: Kubectl, namespace: str) -> str | None:
     """The apiserver's refusal of the worker account writing a rollout's status with a token
     bound to no pod (impersonated), None while it lets the write through (RBAC allows it: only
@@ -302,7 +281,7 @@ def test_kubectl_install_path(kube: Kubectl, tmp_path: Path) -> None:
             _secret_file(kube, WORKER_NS, AGENT_TLS_SECRET, "tls.crt", tmp_path / "tls.crt"),
             _secret_file(kube, WORKER_NS, AGENT_TLS_SECRET, "tls.key", tmp_path / "tls.key"),
         )
-        _verifies(agent.current(), trust.current(), agent_server_name(WORKER_NS))
+        handshake_in_memory(agent.current(), trust.current(), agent_server_name(WORKER_NS))
     finally:
         kube.run("-n", WORKER_NS, "delete", "ckr", "rollout-worker", "--ignore-not-found")
         kube.run("delete", "-f", str(manifest), "--ignore-not-found", "--wait=false")

@@ -14,6 +14,7 @@ import yaml
 from chart_render import ROOT, Helm, Obj, Rendered
 
 from ckpt_api.tls import agent_server_name, ca_context, server_context
+from ckpt_e2e.pki import handshake_in_memory
 from ckpt_rollout import cli
 from ckpt_rollout.chartgen.chart_values import ChartValues
 
@@ -30,27 +31,6 @@ def _data(secret: Obj, key: str) -> bytes:
     return base64.b64decode(secret["data"][key])
 
 
-def _handshake(server: ssl.SSLContext, client: ssl.SSLContext, name: str) -> None:
-    """A TLS handshake in memory: what the operator does against an agent with these files."""
-    c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
-    sides = (
-        (client.wrap_bio(c_in, c_out, server_hostname=name), c_out, s_in),
-        (server.wrap_bio(s_in, s_out, server_side=True), s_out, c_in),
-    )
-    for _ in range(10):
-        done = 0
-        for tls, sent, peer in sides:
-            try:
-                tls.do_handshake()
-                done += 1
-            except ssl.SSLWantReadError:
-                pass
-            peer.write(sent.read())
-        if done == 2:
-            return
-    raise AssertionError("handshake did not finish")
-
-
 def test_generated_certificates_verify_for_their_namespace_only(helm: Helm, tmp_path: Path) -> None:
     rendered = helm.template(None, WORKERS)
     ca = rendered.one("Secret", "rel-ckpt-rollout-agent-ca", "ops")
@@ -64,10 +44,10 @@ def test_generated_certificates_verify_for_their_namespace_only(helm: Helm, tmp_
         (tmp_path / f"{ns}.crt").write_bytes(_data(serving, "tls.crt"))
         (tmp_path / f"{ns}.key").write_bytes(_data(serving, "tls.key"))
         agent = server_context(tmp_path / f"{ns}.crt", tmp_path / f"{ns}.key").current()
-        _handshake(agent, operator_trust, agent_server_name(ns))
+        handshake_in_memory(agent, operator_trust, agent_server_name(ns))
         other = "team-b" if ns == "team-a" else "team-a"
         with pytest.raises(ssl.SSLCertVerificationError, match="Hostname mismatch"):
-            _handshake(agent, operator_trust, agent_server_name(other))
+            handshake_in_memory(agent, operator_trust, agent_server_name(other))
 
 
 def test_the_operator_mounts_only_the_ca_and_verifies_agents(helm: Helm) -> None:
@@ -195,10 +175,10 @@ def test_tls_secrets_prints_what_the_static_manifest_mounts_and_the_agents_serve
         assert _data(serving, "ca.crt") == _data(ca, "ca.crt"), "peers verify with the operator's CA"
         (tmp_path / ns).mkdir()
         agent = _agent(serving, tmp_path / ns)
-        _handshake(agent, trust, agent_server_name(ns))
+        handshake_in_memory(agent, trust, agent_server_name(ns))
         other = "team-b" if ns == "rl" else "rl"
         with pytest.raises(ssl.SSLCertVerificationError, match="Hostname mismatch"):
-            _handshake(agent, trust, agent_server_name(other))
+            handshake_in_memory(agent, trust, agent_server_name(other))
 
 
 def test_tls_secrets_signs_a_later_namespace_with_the_ca_it_printed(
@@ -212,7 +192,7 @@ def test_tls_secrets_signs_a_later_namespace_with_the_ca_it_printed(
     assert code == 0
     assert _one(later, "ckpt-rollout-agent-ca", "ckpt-rollout-system")["data"] == ca["data"], "the same CA"
     agent = _agent(_one(later, "ckpt-rollout-agent-tls", "team-b"), tmp_path)
-    _handshake(agent, _trusting(ca, tmp_path), agent_server_name("team-b"))
+    handshake_in_memory(agent, _trusting(ca, tmp_path), agent_server_name("team-b"))
 
 
 @pytest.mark.parametrize(
