@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable
 
 import pytest
-from test_scenarios import BIG, ENDED, HELD, NAME, _calls, _loading, _reasons, _serving, _why
+from test_scenarios import BIG, ENDED, NAME, _calls, _loading, _reasons, _second_wave_loading, _serving, _why
 
 from ckpt_e2e.providers import Provider
 
@@ -71,13 +71,7 @@ def test_a_pod_that_leaves_mid_wave_is_gone_and_the_rollout_goes_on(provider: Pr
     """A member of the second wave leaves gracefully while it loads: its agent cancels the load
     and reports it as it shuts down. With the default maxFailures 0 the rollout still succeeds:
     the member is gone, not failed, and its replacement is brought to b2."""
-    fleet = provider.fleet(3, initial_version="b1", big=True)
-    workers = {w.name: w for w in fleet.workers(3)}
-    provider.rollouts.create(NAME, provider.spec("b2", fleet, strategy={"waves": [1, "100%"], **HELD}))
-    provider.rollouts.wait_phase(NAME, {"Paused"})
-    with provider.source_stalled():
-        provider.cli("promote", NAME)
-        victim, _ = _loading(provider, fleet, workers, 1)
+    with _second_wave_loading(provider) as (fleet, _, victim):
         provider.stops_like_a_kubelet(victim)
         LEAVE[leave](provider, victim)
     # The source answers again: the victim's agent, told to stop meanwhile, cancels its load at

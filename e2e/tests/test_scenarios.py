@@ -15,6 +15,8 @@ double work matters.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -91,6 +93,21 @@ def _loading(provider: Provider, fleet: WorkerFleet, workers: dict[str, Worker],
 
 
 HELD = {"pauseAfterWave": [0], "peerRelay": False}  # + promote inside source_stalled(): wave 2 held
+
+
+@contextmanager
+def _second_wave_loading(provider: Provider) -> Iterator[tuple[WorkerFleet, dict[str, Worker], str]]:
+    """Three pods on b1 rolling to b2 in waves [1, 100%]: the canary done, the second wave
+    promoted with the source stalled. Yields (the fleet, its workers as they were, a pod of the
+    second wave mid-load) while every load is held; the source answers again on exit."""
+    fleet = provider.fleet(3, initial_version="b1", big=True)
+    workers = {w.name: w for w in fleet.workers(3)}
+    provider.rollouts.create(NAME, provider.spec("b2", fleet, strategy={"waves": [1, "100%"], **HELD}))
+    provider.rollouts.wait_phase(NAME, {"Paused"})
+    with provider.source_stalled():
+        provider.cli("promote", NAME)
+        victim, _ = _loading(provider, fleet, workers, 1)
+        yield fleet, workers, victim
 
 
 # Real node: the image rollout end to end — worker-image pods behind their readiness gate, as the
@@ -251,13 +268,7 @@ def test_agent_killed_mid_load(provider: Provider) -> None:
     """A worker crashes while it loads; its Deployment replaces the pod. The rollout counts the
     old pod as gone (not failed), brings the replacement (booted on b1) to b2 in its place in the
     wave, and succeeds with every worker on b2."""
-    fleet = provider.fleet(3, initial_version="b1", big=True)
-    workers = {w.name: w for w in fleet.workers(3)}
-    provider.rollouts.create(NAME, provider.spec("b2", fleet, strategy={"waves": [1, "100%"], **HELD}))
-    provider.rollouts.wait_phase(NAME, {"Paused"})
-    with provider.source_stalled():
-        provider.cli("promote", NAME)
-        victim, _ = _loading(provider, fleet, workers, 1)
+    with _second_wave_loading(provider) as (fleet, workers, victim):
         provider.crash_worker(fleet, victim)
         # Its replacement answers before the wave can end (its boot load waits for the source
         # too): a real pod takes seconds to start, a kwok pod none, and the rollout must see it.
