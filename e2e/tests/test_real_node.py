@@ -10,7 +10,9 @@ read-only root; the operator's credential to agents is the projected token the c
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +30,17 @@ from ckpt_e2e.realnode_env import (
     RealNodeEnv,
     RealNodeProvider,
     pod_ready,
+    real_node_deployment,
     real_node_of,
 )
-from ckpt_e2e.rollout_env import AGENT_PORT, agent_state, http_json, serving_versions
+from ckpt_e2e.rollout_env import (
+    AGENT_PORT,
+    WORKER_LABEL,
+    agent_state,
+    http_json,
+    rollout_spec,
+    serving_versions,
+)
 from ckpt_e2e.versions import KUBERNETES
 
 pytestmark = pytest.mark.integration
@@ -38,6 +48,7 @@ pytestmark = pytest.mark.integration
 OPERATOR_UID = 65532  # charts/ckpt-rollout/templates/deployment.yaml
 WORKER_UID = 10001  # examples/worker-deployment.yaml
 AGENT_TOKEN_DIR = "/var/run/secrets/ckpt-rollout/agent"  # the chart's legacy projected token
+SHOWN_WITHIN_S = 15.0  # #28's bound for a stalled worker's cause; the worker timeout is 600 s
 
 
 def _conditions(pod: dict[str, Any]) -> dict[str, str]:
@@ -256,3 +267,58 @@ def test_chart_operator_rolls_worker_pods_in_place_behind_their_readiness_gate(
         )
     operator_now = system.json("get", "pod", operator_pod["metadata"]["name"])
     assert operator_now["status"]["containerStatuses"][0]["restartCount"] == 0
+
+
+def test_worker_pods_that_cannot_start_are_named_with_the_kubelets_cause_within_seconds(
+    real_node_provider: RealNodeProvider,
+) -> None:
+    """What only a kubelet reports: an image it cannot pull (the pod's container state) and a
+    volume it cannot mount (only a FailedMount event, which the operator reads with the chart's
+    `list events`). Each is named, pod and cause, in a WorkerStalled Warning event on the rollout
+    within SHOWN_WITHIN_S of its creation (#28), long before the worker timeout."""
+    provider = real_node_provider
+    labels = {"app": WORKER_LABEL, "fleet": "stuck"}
+    # Nothing listens on port 9 of the host: the pull is refused at once, then backed off.
+    unpullable = real_node_deployment("unpullable", 1, labels, [], image="127.0.0.1:9/ckpt-worker:missing")
+    unpullable["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] = "IfNotPresent"
+    unmountable = real_node_deployment("unmountable", 1, labels, [])
+    pod = unmountable["spec"]["template"]["spec"]
+    pod["volumes"] = [
+        *pod.get("volumes", []),
+        {"name": "missing", "secret": {"secretName": "no-such-secret"}},
+    ]
+    container = pod["containers"][0]
+    container["volumeMounts"] = [
+        *container.get("volumeMounts", []),
+        {"name": "missing", "mountPath": "/missing"},
+    ]
+    for deployment in (unpullable, unmountable):
+        deployment["spec"]["template"]["spec"]["serviceAccountName"] = "default"
+        provider.kubectl.apply(deployment)
+    provider.rollouts.create("stuck", rollout_spec(provider.source_uri, "v2", labels))
+    created = time.monotonic()
+
+    def warned(prefix: str, reason: str) -> Callable[[], str | None]:
+        def seen() -> str | None:
+            for event in provider.rollouts.events("stuck"):
+                said = event["message"] or ""
+                if event["reason"] == "WorkerStalled" and said.startswith(prefix) and f": {reason}: " in said:
+                    return said
+            return None
+
+        return seen
+
+    mount = wait_for(warned("unmountable-", "FailedMount"), SHOWN_WITHIN_S, "FailedMount named", interval=0.5)
+    assert 'secret "no-such-secret" not found' in mount, mount
+    assert "container agent cannot be created" in mount, mount
+    pull = wait_for(
+        lambda: warned("unpullable-", "ErrImagePull")() or warned("unpullable-", "ImagePullBackOff")(),
+        max(1.0, SHOWN_WITHIN_S - (time.monotonic() - created)),
+        "the image pull named",
+        interval=0.5,
+    )
+    assert "the image cannot be pulled" in pull, pull
+    assert "127.0.0.1:9/ckpt-worker:missing" in pull, pull
+    status = provider.rollouts.status("stuck")
+    assert status["phase"] in ("Pending", "Progressing"), status
+    assert "; waiting on un" in str(status.get("message")), status

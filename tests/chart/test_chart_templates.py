@@ -29,6 +29,7 @@ OPERATOR_RULES = {
     ("", "configmaps", "watch"),
     ("", "events", "create"),
     ("", "events", "patch"),
+    ("", "events", "list"),  # a worker pod's Warning events (FailedMount) when it cannot start
     ("events.k8s.io", "events", "create"),
     ("events.k8s.io", "events", "patch"),
     # What the agents ask SubjectAccessReview before obeying the operator.

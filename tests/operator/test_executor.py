@@ -4,9 +4,12 @@ spec.strategy.maxConcurrency at once; what the calls and pulls say goes into Mem
 from __future__ import annotations
 
 import asyncio
+import time
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from ckpt_api.agent_api import AgentStatus, UpdateWeightsRequest
 from ckpt_api.vocabulary import AgentState, WorkerPhase
@@ -125,3 +128,68 @@ async def test_an_agent_that_cannot_review_our_token_is_called_again_not_failed(
     assert {n: t.reason for n, t in memory.troubles.items()} == dict.fromkeys(first, "AuthUnavailable")
     assert api.obj["status"]["phase"] == "Progressing"
     assert memory.call_times == first, "the worker timeout runs from the first attempt"
+
+
+class ApiWithEvents(Api):
+    """The CR store, and the Warning events of pods (or a refusal to list them)."""
+
+    def __init__(
+        self, obj: dict[str, Any], events: dict[str, list[dict[str, Any]]], refuse: bool = False
+    ) -> None:
+        super().__init__(obj)
+        self.events = events
+        self.refuse = refuse
+        self.reads: list[str] = []
+
+    async def pod_warnings(self, namespace: str, uid: str) -> list[dict[str, Any]]:
+        self.reads.append(uid)
+        if self.refuse:
+            raise ApiException(status=403, reason="Forbidden")
+        return self.events.get(uid, [])
+
+
+def _creating(name: str, uid: str, age: float, labels: dict[str, str]) -> dict[str, Any]:
+    created = datetime.fromtimestamp(time.time() - age, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    status = {
+        "phase": "Pending",
+        "containerStatuses": [{"name": "agent", "state": {"waiting": {"reason": "ContainerCreating"}}}],
+    }
+    meta = {"name": name, "namespace": "rl", "uid": uid, "labels": labels, "creationTimestamp": created}
+    return {"metadata": meta, "status": status}
+
+
+MOUNT_FAILED = {
+    "type": "Warning",
+    "reason": "FailedMount",
+    "message": 'MountVolume.SetUp failed for volume "agent-tls" : secret "ckpt-rollout-agent-tls" not found',
+    "lastTimestamp": "2026-12-02T10:00:05Z",
+}
+
+
+async def test_a_pod_stuck_creating_is_named_with_its_warning_event_read_once_per_ttl() -> None:
+    obj, _ = _rollout(1, 1)
+    api = ApiWithEvents(obj, {"uid-stuck": [MOUNT_FAILED]})
+    waiting = [
+        _creating("w-stuck", "uid-stuck", 10, {"app": "rollout-worker"}),
+        _creating("w-young", "uid-young", 1, {"app": "rollout-worker"}),  # events not read yet
+        _creating("other", "uid-other", 60, {"app": "someone-else"}),  # not selected
+    ]
+    reconciler = Reconciler(api, Agents(api), Tuning())  # type: ignore[arg-type]
+    memory = Memory()
+    for _ in range(2):
+        await reconciler.step(api.obj, [], memory, lambda *_: None, waiting=waiting)
+    assert api.reads == ["uid-stuck"]  # once: the second step is within WARNINGS_TTL_S
+    message = api.obj["status"]["message"]
+    assert "w-stuck: FailedMount: container agent cannot be created: MountVolume.SetUp failed" in message
+    assert "w-young" not in message
+
+
+async def test_without_leave_to_list_events_a_stuck_pod_is_still_named_later() -> None:
+    obj, _ = _rollout(1, 1)
+    api = ApiWithEvents(obj, {}, refuse=True)
+    waiting = [_creating("w-stuck", "uid-stuck", 30, {"app": "rollout-worker"})]
+    await Reconciler(api, Agents(api), Tuning()).step(api.obj, [], Memory(), lambda *_: None, waiting=waiting)  # type: ignore[arg-type]
+    assert api.reads == ["uid-stuck"]
+    assert (
+        "w-stuck: ContainerCreating: container agent not created within 20s" in api.obj["status"]["message"]
+    )

@@ -7,7 +7,15 @@ from typing import Any
 
 import pytest
 
-from ckpt_rollout.domain.troubles import CREATING_GRACE_S, NoAnswer, Trouble, answer_trouble, pod_trouble
+from ckpt_rollout.domain.troubles import (
+    CREATING_GRACE_S,
+    EVENTS_GRACE_S,
+    NoAnswer,
+    Trouble,
+    answer_trouble,
+    pod_trouble,
+    wants_events,
+)
 from ckpt_rollout.io.agent_client import CallResult
 
 NOW = 1_800_000_000.0
@@ -152,3 +160,86 @@ def test_a_pod_that_cannot_start_says_why(
     assert trouble is not None
     assert trouble.reason == expected[0]
     assert expected[1] in trouble.message
+
+
+def _event(reason: str, message: str, at: str, type_: str = "Warning") -> dict[str, Any]:
+    return {"type": type_, "reason": reason, "message": message, "lastTimestamp": at}
+
+
+MOUNT = _event(
+    "FailedMount",
+    'MountVolume.SetUp failed for volume "agent-tls" : secret "ckpt-rollout-agent-tls" not found',
+    "2026-12-02T10:00:05Z",
+)
+SANDBOX = _event("FailedCreatePodSandBox", "failed to setup network for sandbox", "2026-12-02T10:00:09Z")
+CREATING = _waiting("ContainerCreating")
+PAST_EVENTS_GRACE = EVENTS_GRACE_S + 1
+
+# (id, pod age, its Warning events, (reason, words its message holds) or None)
+WARNED: list[tuple[str, float, list[dict[str, Any]], tuple[str, str] | None]] = [
+    (
+        "a-failed-mount-names-the-volume-and-what-is-missing",
+        PAST_EVENTS_GRACE,
+        [MOUNT],
+        (
+            "FailedMount",
+            'container agent cannot be created: MountVolume.SetUp failed for volume "agent-tls" : '
+            'secret "ckpt-rollout-agent-tls" not found',
+        ),
+    ),
+    ("a-warning-in-the-first-seconds-is-no-news-yet", EVENTS_GRACE_S - 1, [MOUNT], None),
+    (
+        "the-newest-warning-is-the-cause",
+        PAST_EVENTS_GRACE,
+        [SANDBOX, MOUNT],
+        ("FailedCreatePodSandBox", "sandbox"),
+    ),
+    (
+        "warnings-about-something-else-leave-the-inference",
+        CREATING_GRACE_S + 1,
+        [_event("BackOff", "restarting", "2026-12-02T10:00:09Z"), {**MOUNT, "type": "Normal"}],
+        ("ContainerCreating", "not created within 20s"),
+    ),
+    ("no-warning-no-inference-before-its-grace", PAST_EVENTS_GRACE, [], None),
+    (
+        "a-long-message-is-cut",
+        PAST_EVENTS_GRACE,
+        [_event("FailedMount", "x " * 400, "2026-12-02T10:00:05Z")],
+        ("FailedMount", "x x…"),
+    ),
+]
+
+
+@pytest.mark.parametrize(("age", "warnings", "expected"), [w[1:] for w in WARNED], ids=[w[0] for w in WARNED])
+def test_a_pod_whose_containers_wait_names_the_warning_that_holds_them(
+    age: float, warnings: list[dict[str, Any]], expected: tuple[str, str] | None
+) -> None:
+    obj, created = _pod(age=age, **CREATING)
+    trouble = pod_trouble(obj, NOW, created, warnings)
+    if expected is None:
+        assert trouble is None
+        return
+    assert trouble is not None
+    assert trouble.reason == expected[0]
+    assert expected[1] in trouble.message
+    assert len(trouble.message) < 400
+
+
+@pytest.mark.parametrize(
+    ("pod", "wanted"),
+    [
+        (_pod(age=PAST_EVENTS_GRACE, **CREATING), True),
+        (_pod(age=EVENTS_GRACE_S - 1, **CREATING), False),
+        (_pod(age=PAST_EVENTS_GRACE, **_waiting("PodInitializing", key="initContainerStatuses")), True),
+        (_pod(age=PAST_EVENTS_GRACE, **_waiting("ImagePullBackOff")), False),  # the pod says why
+        (_pod(age=PAST_EVENTS_GRACE), False),  # no container status yet: not scheduled, or just bound
+        (({"metadata": {"deletionTimestamp": "t"}, "status": CREATING}, NOW - 60), False),
+    ],
+    ids=["creating", "creating-briefly", "initializing", "pull-back-off", "no-statuses", "being-deleted"],
+)
+def test_events_are_read_only_for_pods_whose_containers_take_long(
+    pod: tuple[dict[str, Any], float], wanted: bool
+) -> None:
+    obj, created = pod
+    assert wants_events(obj, NOW, created) is wanted
+    assert wants_events(obj, NOW, None) is False

@@ -79,9 +79,11 @@ ClusterRole (all namespaces) and the per-namespace Roles (watchNamespaces).
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "list", "watch"]
+# Its own events (create, patch); `list` reads a worker pod's Warning events when its containers
+# take long to be created (FailedMount, FailedCreatePodSandBox), to name the cause in the rollout.
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create", "patch", "list"]
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]

@@ -9,8 +9,10 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from ckpt_api.spec import CheckpointRolloutSpec
 from ckpt_api.status import CheckpointRolloutStatus, WorkerStatus
@@ -22,7 +24,7 @@ from ckpt_rollout.domain.mergepatch import merge_diff
 from ckpt_rollout.domain.outcomes import Outcome, pulled_outcome
 from ckpt_rollout.domain.plan import Call, Measure, Meta, Plan, Pull, Rollout
 from ckpt_rollout.domain.selectors import selector_matches
-from ckpt_rollout.domain.troubles import ongoing, pod_trouble
+from ckpt_rollout.domain.troubles import ongoing, pod_trouble, wants_events
 from ckpt_rollout.domain.world import Memory, Now, Peer, Pod, Tuning, parse_time, rfc3339
 from ckpt_rollout.io import metrics, promquery
 from ckpt_rollout.io.agent_client import AgentClient, CallResult
@@ -31,21 +33,38 @@ from ckpt_rollout.io.kube import RolloutApi
 log = logging.getLogger(__name__)
 
 Emit = Callable[[str, str, str], None]  # (type, reason, message)
+Warnings = Mapping[str, Sequence[dict[str, Any]]]  # pod uid -> its Warning events
+# A pod's Warning events are read again after this long while it still cannot start.
+WARNINGS_TTL_S = 5.0
+
+
+def _selected_waiting(
+    spec: CheckpointRolloutSpec, waiting: list[dict[str, Any]] | None
+) -> list[dict[str, Any]]:
+    return [
+        pod
+        for pod in waiting or []
+        if selector_matches(spec.selector, (pod.get("metadata") or {}).get("labels") or {})
+    ]
 
 
 def rollout_from(
-    obj: dict[str, Any], pods: list[Pod], peers: list[Peer], waiting: list[dict[str, Any]] | None = None
+    obj: dict[str, Any],
+    pods: list[Pod],
+    peers: list[Peer],
+    waiting: list[dict[str, Any]] | None = None,
+    warnings: Warnings | None = None,
 ) -> Rollout:
     """The typed view of a CR as the apiserver returned it. ``waiting``: pods (as the apiserver
-    returned them) not Running yet, of which those that cannot start are the rollout's stuck ones."""
+    returned them) not Running yet, of which those that cannot start are the rollout's stuck ones;
+    ``warnings``: the Warning events read for some of them."""
     meta = obj["metadata"]
     spec = CheckpointRolloutSpec.model_validate(obj["spec"])
     stuck = {}
-    for pod in waiting or []:
+    for pod in _selected_waiting(spec, waiting):
         pod_meta = pod.get("metadata") or {}
-        if not selector_matches(spec.selector, pod_meta.get("labels") or {}):
-            continue
-        trouble = pod_trouble(pod, time.time(), parse_time(pod_meta.get("creationTimestamp")))
+        said = (warnings or {}).get(str(pod_meta.get("uid")), ())
+        trouble = pod_trouble(pod, time.time(), parse_time(pod_meta.get("creationTimestamp")), said)
         if trouble is not None:
             stuck[str(pod_meta.get("name"))] = trouble
     return Rollout(
@@ -84,6 +103,35 @@ class Reconciler:
         self.api = api
         self.agents = agents
         self.tuning = tuning or Tuning()
+        # pod uid -> (monotonic time read, its Warning events): one read per pod per TTL, however
+        # many rollouts select it.
+        self._warnings: dict[str, tuple[float, list[dict[str, Any]]]] = {}
+
+    async def _warnings_of(self, obj: dict[str, Any], waiting: list[dict[str, Any]] | None) -> Warnings:
+        """The Warning events of the selected pods whose containers take long to be created."""
+        if not waiting:
+            return {}
+        now, mono = time.time(), time.monotonic()
+        self._warnings = {
+            uid: kept for uid, kept in self._warnings.items() if mono - kept[0] < WARNINGS_TTL_S
+        }
+        found: dict[str, list[dict[str, Any]]] = {}
+        for pod in _selected_waiting(CheckpointRolloutSpec.model_validate(obj["spec"]), waiting):
+            meta = pod.get("metadata") or {}
+            uid = str(meta.get("uid") or "")
+            if not uid or not wants_events(pod, now, parse_time(meta.get("creationTimestamp"))):
+                continue
+            if uid not in self._warnings:
+                try:
+                    events = await self.api.pod_warnings(str(meta.get("namespace")), uid)
+                except ApiException as exc:
+                    # Without `list events` (RBAC older than the chart's) the pod is still named,
+                    # after CREATING_GRACE_S, without the event's words.
+                    log.debug("events of pod %s: API error %s", meta.get("name"), exc.status)
+                    events = []
+                self._warnings[uid] = (mono, events)
+            found[uid] = self._warnings[uid][1]
+        return found
 
     async def step(
         self,
@@ -96,7 +144,7 @@ class Reconciler:
     ) -> tuple[dict[str, Any], float | None]:
         """One step. Returns the CR as last written (or ``obj``) and when to look again
         (None: when the CR or its pods change)."""
-        rollout = rollout_from(obj, pods, peers or [], waiting)
+        rollout = rollout_from(obj, pods, peers or [], waiting, await self._warnings_of(obj, waiting))
         rollout = _trusted(rollout, memory)
         now = Now(wall=time.time(), mono=time.monotonic())
         plan = decide(rollout, memory, self.tuning, now)

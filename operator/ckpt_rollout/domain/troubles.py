@@ -6,7 +6,7 @@ A trouble the operator can outwait (``retried``: the agent could not check the t
 listens yet) keeps the worker waiting until the worker timeout; the others fail it at once. Either
 way the cause is shown while it lasts (ckpt_rollout.domain.stalls)."""
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -16,9 +16,25 @@ from ckpt_api.vocabulary import ConditionStatus, ErrorCode, PodPhase, WorkerReas
 # An agent's trouble is shown once it has lasted this long: an agent that is still starting
 # answers nothing for a moment, which is no news.
 STALL_GRACE_S = 3.0
-# A container still being created after this long is reported (a volume that cannot mount, the
-# most common cause, shows only in the pod's events as FailedMount).
+# A container still being created after this long is reported even when no event says why.
 CREATING_GRACE_S = 20.0
+# A pod still creating its containers this long has its Warning events read: a volume that cannot
+# mount (the most common cause) or a sandbox that cannot be made shows only there. The kubelet
+# retries both, so a warning met in the first seconds (a Secret created just after its pod) is
+# not yet news.
+EVENTS_GRACE_S = 5.0
+# Warning events that hold a pod's containers from being created, as the kubelet reasons them.
+_CREATING_WARNINGS = frozenset(
+    {
+        "FailedMount",
+        "FailedAttachVolume",
+        "FailedMapVolume",
+        "FailedCreatePodSandBox",
+        "FailedCreatePodContainer",
+    }
+)
+# An event's message is the kubelet's words, not a worker's: shown, but only this much of it.
+_EVENT_MESSAGE_CHARS = 300
 
 
 class NoAnswer(StrEnum):
@@ -112,9 +128,24 @@ _STUCK_WAITING = {
 _CREATING = frozenset({"ContainerCreating", "PodInitializing"})
 
 
-def pod_trouble(pod: dict[str, Any], now: float, created: float | None) -> Trouble | None:
+def wants_events(pod: dict[str, Any], now: float, created: float | None) -> bool:
+    """Whether the pod's Warning events may say what ``pod_trouble`` cannot see in the pod: its
+    containers have been in creation longer than EVENTS_GRACE_S."""
+    if (
+        created is None
+        or now - created <= EVENTS_GRACE_S
+        or (pod.get("metadata") or {}).get("deletionTimestamp")
+    ):
+        return False
+    return any((w.get("reason") or "") in _CREATING for _, w in _waiting(pod.get("status") or {}))
+
+
+def pod_trouble(
+    pod: dict[str, Any], now: float, created: float | None, warnings: Sequence[dict[str, Any]] = ()
+) -> Trouble | None:
     """Why a pod that is not Running cannot start, or None while it may still start.
-    ``created``: its creationTimestamp (epoch seconds), if known."""
+    ``created``: its creationTimestamp (epoch seconds), if known; ``warnings``: its Warning events
+    (core/v1, as the apiserver returns them), read when ``wants_events`` says so."""
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
     if meta.get("deletionTimestamp"):
         return None  # on its way out: nothing to start
@@ -134,7 +165,13 @@ def pod_trouble(pod: dict[str, Any], now: float, created: float | None) -> Troub
             return Trouble(reason, f"container {name}: {_STUCK_WAITING[reason]}{': ' + said if said else ''}")
         if reason in _CREATING:
             creating.append(name)
-    if creating and created is not None and now - created > CREATING_GRACE_S:
+    if not creating or created is None:
+        return None
+    warning = _creating_warning(warnings) if now - created > EVENTS_GRACE_S else None
+    if warning is not None:
+        reason, said = warning
+        return Trouble(reason, f"container {creating[0]} cannot be created: {said}")
+    if now - created > CREATING_GRACE_S:
         return Trouble(
             "ContainerCreating",
             # No running count in the text: each look would rewrite status.message.
@@ -142,6 +179,23 @@ def pod_trouble(pod: dict[str, Any], now: float, created: float | None) -> Troub
             "that cannot mount (a FailedMount event: a missing Secret, ConfigMap or claim)",
         )
     return None
+
+
+def _creating_warning(warnings: Sequence[dict[str, Any]]) -> tuple[str, str] | None:
+    """The newest Warning event that holds container creation, as (reason, message)."""
+    newest: tuple[str, str, str] | None = None  # (when, reason, message)
+    for event in warnings:
+        reason = event.get("reason") or ""
+        if event.get("type") != "Warning" or reason not in _CREATING_WARNINGS:
+            continue
+        # lastTimestamp is RFC 3339 to the second and eventTime to the microsecond: both sort as text.
+        when = str(event.get("lastTimestamp") or event.get("eventTime") or event.get("firstTimestamp") or "")
+        if newest is None or when >= newest[0]:
+            said = " ".join(str(event.get("message") or reason).split())
+            if len(said) > _EVENT_MESSAGE_CHARS:
+                said = said[: _EVENT_MESSAGE_CHARS - 1] + "…"
+            newest = (when, reason, said)
+    return None if newest is None else newest[1:]
 
 
 def _waiting(status: dict[str, Any]) -> Iterable[tuple[str, dict[str, Any]]]:

@@ -1,4 +1,5 @@
-"""The few Kubernetes API calls the operator makes outside kopf (status reads and writes)."""
+"""The few Kubernetes API calls the operator makes outside kopf: status reads and writes, and the
+Warning events of a worker pod that cannot start."""
 
 from typing import Any
 
@@ -24,10 +25,13 @@ API_TIMEOUT_S = 15.0
 
 
 class RolloutApi:
-    """Reads and merge-patches CheckpointRollouts; counts requests for the control-plane bench."""
+    """Reads and merge-patches CheckpointRollouts, reads pods' Warning events; counts requests for
+    the control-plane bench."""
 
     def __init__(self, api_client: client.ApiClient) -> None:
+        self._client = api_client
         self._api = client.CustomObjectsApi(api_client)
+        self._core = client.CoreV1Api(api_client)
         self.requests = 0
 
     async def get(self, namespace: str, name: str) -> dict[str, Any]:
@@ -52,3 +56,15 @@ class RolloutApi:
             _request_timeout=API_TIMEOUT_S,
         )
         return obj
+
+    async def pod_warnings(self, namespace: str, uid: str) -> list[dict[str, Any]]:
+        """The Warning events about the pod with ``uid`` (core/v1, as JSON)."""
+        self.requests += 1
+        API_REQUESTS.labels("events").inc()
+        events = await self._core.list_namespaced_event(
+            namespace,
+            field_selector=f"involvedObject.uid={uid},type=Warning",
+            _request_timeout=API_TIMEOUT_S,
+        )
+        found: list[dict[str, Any]] = self._client.sanitize_for_serialization(events).get("items") or []
+        return found

@@ -41,7 +41,8 @@ AGENT_CALL_SECONDS = Histogram(
 )
 API_REQUESTS = Counter(
     "ckpt_rollout_api_requests_total",
-    "CheckpointRollout reads and status writes by the reconcile loops (kopf's own calls excluded)",
+    "CheckpointRollout reads and status writes, and worker pods' event reads, by the reconcile loops "
+    "(kopf's own calls excluded)",
     ["verb"],
 )
 
