@@ -42,6 +42,14 @@ echo never
 echo after-failure
 ```
 
+```bash one
+echo only-one
+```
+
+```bash two
+echo only-two
+```
+
 ## After
 ```bash
 echo after
@@ -79,16 +87,40 @@ def test_unknown_section_and_unclosed_block_are_named() -> None:
         section_blocks("X", "## X\n```bash\necho\n")
 
 
-def test_first_rollout_holds_the_journey_in_order() -> None:
-    *journey, cleanup = section_blocks("First rollout")
+def test_a_block_that_names_a_variant_runs_only_in_that_variant() -> None:
+    plain = [b.text for b in section_blocks("Journey", DOC)]
+    assert "echo only-one\n" not in plain
+    assert "echo only-two\n" not in plain
+    one = section_blocks("Journey", DOC, variant="one")
+    assert [b.text for b in one] == [*plain, "echo only-one\n"]
+    assert [b.index for b in one] == [1, 2, 3, 4]
+    assert [b.text for b in section_blocks("Journey", DOC, variant="two")][-1] == "echo only-two\n"
+
+
+# The operator's step of README's first rollout, each way (the e2e test runs both).
+OPERATOR_STEP = {
+    "helm": ["helm upgrade --install ckpt-rollout charts/ckpt-rollout", "-f local/values.yaml"],
+    "kubectl": [
+        "kubectl apply -f crds/",
+        "ckpt-rollout tls-secrets --namespace rl | kubectl apply -f -",
+        "kubectl apply -k local/kubectl/",
+    ],
+}
+
+
+@pytest.mark.parametrize("variant", sorted(OPERATOR_STEP))
+def test_first_rollout_holds_the_journey_in_order(variant: str) -> None:
+    *journey, cleanup = section_blocks("First rollout", variant=variant)
     assert cleanup.text.strip() == "make cluster-down"
     text = "\n".join(b.text for b in journey)
+    for other, steps in OPERATOR_STEP.items():
+        if other != variant:
+            assert steps[-1] not in text, f"{other}'s operator step in the {variant} journey"
     order = [
         "make cluster-up REAL_NODE=1",
         'eval "$(make -s cluster-env)"',
-        "helm upgrade --install ckpt-rollout charts/ckpt-rollout",
-        "-f local/values.yaml",
-        "kubectl -n rl apply -k local/",
+        *OPERATOR_STEP[variant],
+        "kubectl -n rl apply -k local/\n",
         "ckpt-rollout publish --example",
         "kubectl -n rl exec -i deployment/ckpt-src",
         "kubectl -n rl apply -f examples/checkpointrollout.yaml",

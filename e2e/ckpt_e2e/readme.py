@@ -1,9 +1,12 @@
 """README's shell blocks, run as written: the `bash` fences of a section, in order, in one shell.
 
 A section is a `## ` heading and everything up to the next heading of that level or above (its
-`### ` subsections included). Blocks run in one bash process (`set -eo pipefail`), so a variable
-one block sets is there for the next, as in the reader's terminal; each block is announced on
-stderr before it runs and timed, so a failure names the block it came from.
+`### ` subsections included). A block whose fence names a variant after the language (```` ```bash
+kubectl ````; renderers read only the language) is one way of a step that has several: it runs
+only when that variant is asked for, in place of the others. Blocks run in one bash process
+(`set -eo pipefail`), so a variable one block sets is there for the next, as in the reader's
+terminal; each block is announced on stderr before it runs and timed, so a failure names the
+block it came from.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-_FENCE = re.compile(r"^```(\S*)\s*$")
+_FENCE = re.compile(r"^```(\S*)(?:[ \t]+(\S+))?[ \t]*$")
 _MARK = "### README block "
 
 
@@ -35,8 +38,9 @@ class Block:
         return f"{self.section} #{self.index} (README line {self.line}): {first.strip()}"
 
 
-def section_blocks(section: str, text: str | None = None) -> list[Block]:
-    """The `bash` blocks of the `## {section}` section of README (or of `text`)."""
+def section_blocks(section: str, text: str | None = None, variant: str | None = None) -> list[Block]:
+    """The `bash` blocks of the `## {section}` section of README (or of `text`): those that name
+    no variant, and those that name ``variant``."""
     lines = (README.read_text() if text is None else text).splitlines()
     heading = f"## {section}"
     try:
@@ -44,23 +48,23 @@ def section_blocks(section: str, text: str | None = None) -> list[Block]:
     except ValueError:
         raise LookupError(f"README has no section {heading!r}") from None
     blocks: list[Block] = []
-    fence: tuple[str, int, list[str]] | None = None
+    fence: tuple[str, str | None, int, list[str]] | None = None
     for number, line in enumerate(lines[start + 1 :], start=start + 2):
         match = _FENCE.match(line)
         if fence is None:
             if re.match(r"^#{1,2} ", line):
                 break  # the next section
             if match:
-                fence = (match.group(1), number, [])
+                fence = (match.group(1), match.group(2), number, [])
         elif match and not match.group(1):
-            language, opened, body = fence
-            if language == "bash":
+            language, named, opened, body = fence
+            if language == "bash" and named in (None, variant):
                 blocks.append(Block(section, len(blocks) + 1, opened, "\n".join(body) + "\n"))
             fence = None
         else:
-            fence[2].append(line)
+            fence[3].append(line)
     if fence is not None:
-        raise ValueError(f"README line {fence[1]}: a block that is never closed")
+        raise ValueError(f"README line {fence[2]}: a block that is never closed")
     return blocks
 
 

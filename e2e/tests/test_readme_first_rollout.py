@@ -1,9 +1,10 @@
 """README's "First rollout", run as a new user runs it: every `bash` block of that section, in
 order and as written, from the repository root, in one shell (ckpt_e2e.readme). The first block
 starts the local cluster with the real node (`make cluster-up REAL_NODE=1`), the last stops it
-(`make cluster-down`); in between, the chart's operator, the example workers and checkpoint
-source (local/), a checkpoint made by `ckpt-rollout publish --example`, a CheckpointRollout,
-`kubectl wait` and `ckpt-rollout status`.
+(`make cluster-down`); in between, the operator (step 2 both ways: the chart with helm, or the
+static manifests with `kubectl apply`), the example workers and checkpoint source (local/), a
+checkpoint made by `ckpt-rollout publish --example`, a CheckpointRollout, `kubectl wait` and
+`ckpt-rollout status`.
 
 The test's only additions: the images exist before (README's once-only set-up, `make images`,
 is the `built_images` fixture), the cluster's state directory is one of its own (E2E_STATE, which
@@ -34,6 +35,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.realnode, pytest.mark.timeout
 ROOT = Path(__file__).resolve().parents[2]
 SECTION = "First rollout"
 WORKERS = 4  # examples/worker-deployment.yaml
+# Step 2's ways (README fences ```bash helm and ```bash kubectl).
+INSTALLS = ("helm", "kubectl")
 
 
 def _time(stamp: str) -> datetime:
@@ -48,22 +51,26 @@ def _tail(run: BlocksRun, lines: int = 80) -> str:
     return "\n".join(run.output.splitlines()[-lines:])
 
 
-def _journey_and_cleanup() -> tuple[list[Block], Block]:
+def _journey_and_cleanup(install: str) -> tuple[list[Block], Block]:
     # CKPT_E2E_README: another copy of README, to see this test fail on a broken block.
     override = os.environ.get("CKPT_E2E_README")
-    blocks = section_blocks(SECTION, Path(override).read_text() if override else None)
+    blocks = section_blocks(SECTION, Path(override).read_text() if override else None, variant=install)
     *journey, cleanup = blocks
     assert "make cluster-up REAL_NODE=1" in journey[0].text
     assert cleanup.text.strip() == "make cluster-down"
     return journey, cleanup
 
 
+@pytest.mark.parametrize("install", INSTALLS)
 def test_readme_first_rollout_runs_as_written(
-    built_images: dict[str, Built], tmp_path: Path, record_property: Callable[[str, object], None]
+    install: str,
+    built_images: dict[str, Built],
+    tmp_path: Path,
+    record_property: Callable[[str, object], None],
 ) -> None:
     if os.environ.get("CKPT_E2E_KUBECONFIG"):
         pytest.skip("README's first rollout starts its own local cluster")
-    journey, cleanup = _journey_and_cleanup()
+    journey, cleanup = _journey_and_cleanup(install)
     state = tmp_path / "cluster"
     env = shell_env(E2E_STATE=str(state))
     run = cleaned = None
@@ -73,8 +80,8 @@ def test_readme_first_rollout_runs_as_written(
         for label, seconds in run.seconds.items():
             print(f"{seconds:7.1f}s  {label}")
         total = sum(run.seconds.values())
-        print(f"{total:7.1f}s  README first rollout, {len(run.seconds)} blocks")
-        record_property("readme_first_rollout_seconds", round(total, 1))
+        print(f"{total:7.1f}s  README first rollout ({install}), {len(run.seconds)} blocks")
+        record_property(f"readme_first_rollout_{install}_seconds", round(total, 1))
         assert run.returncode == 0, f"README block failed: {run.failed_block}\n{_tail(run)}"
         _check_what_it_left(Kubectl(resolve(["kubectl"])["kubectl"], state / "kubeconfig"), run)
     finally:
@@ -98,7 +105,8 @@ def _check_what_it_left(kubectl: Kubectl, run: BlocksRun) -> None:
     assert "Succeeded" in run.output
     assert "global_step_1200" in run.output
 
-    # The operator is the chart's pod on the real node, from the image local/values.yaml names.
+    # The operator (the chart's, or the static manifest's) runs on the real node, from the image
+    # local/values.yaml and local/kubectl/ name.
     (operator,) = kubectl.in_namespace("ckpt-rollout-system").json("get", "pods")["items"]
     assert operator["spec"]["nodeName"] == "ckpt-real-node"
     assert operator["spec"]["containers"][0]["image"] == "localhost/ckpt-rollout-operator:local"
