@@ -173,3 +173,20 @@ def test_a_new_message_is_a_line() -> None:
     after = rollout_view(obj)
     assert change_lines(before, after) == [f"message: {said}"]
     assert change_lines(after, after) == []
+
+
+def test_a_member_that_left_before_loading_is_shown_replaced() -> None:
+    running = rollout_view(_obj(waves=[{**CANARY_DONE, "phase": "Running", "updated": 0}]))
+    swapped = {
+        **CANARY_DONE,
+        "pods": ["d"],
+        "called": ["d"],
+        "phase": "Running",
+        "updated": 0,
+        "replaced": ["a"],
+    }
+    after = rollout_view(_obj(waves=[swapped]))
+    assert after["waves"][0]["replaced"] == ["a"]
+    assert "d=Loading (replaced: a)" in render_table(after)
+    assert "wave 1: replaced a (left before loading)" in change_lines(running, after)
+    assert not [line for line in change_lines(after, after) if "replaced" in line]

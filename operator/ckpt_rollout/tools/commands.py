@@ -63,18 +63,20 @@ def watch_command(args: argparse.Namespace) -> int:
     shown: dict[str, Any] | None = None
     while True:
         view = rollout_view(obj)
+        code = watch_exit_code(obj)
+        # The outcome ends the output, as its last line, once.
+        final = (obj.get("status") or {}).get("message") if code is not None else None
         if view != shown:
             if tty:
                 sys.stdout.write(_HOME_AND_CLEAR + render_table(view) + "\n")
             else:
-                sys.stdout.writelines(line + "\n" for line in change_lines(shown, view))
+                lines = [line for line in change_lines(shown, view) if line != f"message: {final}"]
+                sys.stdout.writelines(line + "\n" for line in lines)
             sys.stdout.flush()
             shown = view
-        code = watch_exit_code(obj)
         if code is not None:
-            message = (obj.get("status") or {}).get("message")
-            if message:
-                print(message)
+            if final:
+                print(final)
             return code
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:

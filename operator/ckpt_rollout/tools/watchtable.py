@@ -56,6 +56,8 @@ def rollout_view(obj: dict[str, Any], pods: Mapping[str, Mapping[str, Any]] | No
                 "updated": wave.get("updated", 0),
                 "failed": wave.get("failed", 0),
                 "gone": wave.get("gone", 0),
+                # Members that left before they loaded, each replaced by a pod no wave had taken.
+                "replaced": list(wave.get("replaced") or []),
                 "analysis": analysis_cell(wave, spec),
                 "summary": wave_summary(wave),
             }
@@ -162,7 +164,7 @@ def render_table(view: dict[str, Any]) -> str:
                 str(w["updated"]),
                 str(w["failed"]),
                 _cell(w["analysis"]),
-                " ".join(f"{m['pod']}={m['state']}" for m in w["members"]),
+                _members_cell(w),
             ]
             for w in view["waves"]
         ]
@@ -186,6 +188,13 @@ def render_table(view: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _members_cell(wave: dict[str, Any]) -> str:
+    cell = " ".join(f"{m['pod']}={m['state']}" for m in wave["members"])
+    if wave["replaced"]:
+        cell += f" (replaced: {', '.join(wave['replaced'])})"
+    return cell
+
+
 def change_lines(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
     """What `watch` prints when stdout is not a terminal: one line for each thing that changed
     between two views (the rollout's summary, its message, a wave's phase or size, a worker's
@@ -204,6 +213,9 @@ def change_lines(before: dict[str, Any] | None, after: dict[str, Any]) -> list[s
             if wave["members"]:
                 pods += ": " + ", ".join(m["pod"] for m in wave["members"])
             lines.append(f"wave {wave['wave']}: {_cell(wave['phase'])} ({pods})")
+        left = [pod for pod in wave["replaced"] if pod not in (old or {}).get("replaced", [])]
+        if left:
+            lines.append(f"wave {wave['wave']}: replaced {', '.join(left)} (left before loading)")
         if wave["analysis"] and (old is None or old["analysis"] != wave["analysis"]):
             lines.append(f"wave {wave['wave']} analysis: {wave['analysis']}")
     old_workers = {w["pod"]: w for w in (before or {}).get("workers", [])}
