@@ -102,6 +102,10 @@ def test_not_found_output_formats_and_promote_refused(
     assert not any(key.endswith(("/promote", "/retry")) for key in annotations), "refusals write nothing"
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_ends_a_watch_quietly(
     cluster: ClusterHandle, namespace: str, crd_installed: None, rollouts: Rollouts
 ) -> None:
@@ -112,6 +116,10 @@ def test_ctrl_c_ends_a_watch_quietly(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # As a terminal's foreground job has it. A run started in the background by a shell
+        # without job control (`make test &`, CI) inherits SIGINT ignored, and Python keeps an
+        # ignored SIGINT ignored: Ctrl-C would then do nothing (the once-seen "flake").
+        preexec_fn=_default_sigint,
     )
     assert proc.stdout is not None
     first = proc.stdout.readline()  # the watch is under way once it printed its first line
