@@ -6,7 +6,7 @@ import ipaddress
 
 import pytest
 
-from ckpt_api.source_policy import SourcePolicy, SourceRefused, is_link_local, parse_rule
+from ckpt_api.source_policy import SourcePolicy, SourceRefused, is_link_local, parse_rule, special_kind
 
 RULES = [
     "https://ckpt.example.com/rl",
@@ -87,6 +87,54 @@ def test_resolved_addresses(uri: str, address: str, allowed: bool) -> None:
     else:
         with pytest.raises(SourceRefused):
             POLICY.check_address(uri, ip)
+
+
+@pytest.mark.parametrize(
+    ("address", "kind"),
+    [
+        ("127.0.0.1", "loopback"),
+        ("127.9.9.9", "loopback"),
+        ("::1", "loopback"),
+        ("::ffff:127.0.0.1", "loopback"),
+        ("169.254.169.254", "link-local"),
+        ("fe80::1", "link-local"),
+        ("0.0.0.0", "unspecified"),
+        ("0.1.2.3", "unspecified"),
+        ("::", "unspecified"),
+        ("224.0.0.1", "multicast"),
+        ("ff02::1", "multicast"),
+        ("255.255.255.255", "reserved"),
+    ],
+)
+def test_a_name_rule_never_reaches_a_special_address(address: str, kind: str) -> None:
+    """Whoever controls a zone under an allowed name may point it anywhere: at this pod's own
+    loopback (the engine's admin port), at the metadata service. A name (``*.suffix``, ``*``)
+    rule allows only ordinary addresses; an address rule containing it allows the rest."""
+    ip = ipaddress.ip_address(address)
+    assert special_kind(ip) == kind
+    names = SourcePolicy.parse(["http://*.ckpt.test", "http://*"], allow_link_local=True)
+    with pytest.raises(SourceRefused, match=f"resolves to the {kind} address"):
+        names.check_address("http://weights.ckpt.test/v1", ip)
+    network = f"[{ip}]" if ip.version == 6 else str(ip)
+    explicit = SourcePolicy.parse(["http://*.ckpt.test", f"http://{network}"], allow_link_local=True)
+    explicit.check_address("http://weights.ckpt.test/v1", ip)
+
+
+@pytest.mark.parametrize("address", ["10.1.2.3", "192.168.0.1", "fd00::1", "8.8.8.8", "100.64.0.1"])
+def test_ordinary_addresses_private_ones_included_are_a_names_to_reach(address: str) -> None:
+    """In-cluster sources (Services, pods) live on private networks."""
+    assert special_kind(ipaddress.ip_address(address)) is None
+    SourcePolicy.parse(["http://*.ckpt.test"]).check_address(
+        "http://weights.ckpt.test/", ipaddress.ip_address(address)
+    )
+
+
+def test_a_literal_loopback_source_needs_an_address_rule_too() -> None:
+    """Checked at the URI already, so the operator stalls such a rollout before an agent is asked."""
+    with pytest.raises(SourceRefused, match=r"loopback address 127\.0\.0\.1"):
+        SourcePolicy.parse(["http://*"]).check_uri("http://127.0.0.1:8000/ckpt")
+    SourcePolicy.parse(["http://*", "http://127.0.0.0/8"]).check_uri("http://127.0.0.1:8000/ckpt")
+    SourcePolicy().check_uri("http://127.0.0.1:8000/ckpt")  # no rules: any source
 
 
 @pytest.mark.parametrize(

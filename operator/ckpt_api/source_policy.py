@@ -8,6 +8,13 @@ URI (the CR is Stalled, InvalidSource); the agent checks the URI of every reques
 and mooncake sources, every address a host name resolves to before it connects, so a name that
 resolves to a refused address (DNS rebinding included) is refused too.
 
+A name says nothing about where it points: whoever controls a zone under an allowed name may point
+it at this pod's own loopback or at the node's metadata service. So once there are rules, an
+address that is not an ordinary unicast one (loopback, link-local, unspecified, multicast,
+reserved; see `special_kind`) is allowed only by an address rule that contains it
+(``http://127.0.0.0/8``), never by a name, ``*.suffix`` or ``*`` rule. Private networks are
+ordinary here: in-cluster sources live there.
+
 A rule is ``scheme://host[:port][/path-prefix]``; host is a name (``ckpt.example.com``), a
 wildcard of subdomains (``*.example.com``), ``*`` (any host) or an address or CIDR
 (``10.0.0.0/8``, ``[fd00::]/8``). ``file:///mnt/ckpt`` allows paths under /mnt/ckpt. Path prefixes
@@ -28,6 +35,8 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 _LINK_LOCAL = (ipaddress.ip_network("169.254.0.0/16"), ipaddress.ip_network("fe80::/10"))
+# Linux connects 0.x.y.z to this host, like loopback.
+_THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")
 _RULE = re.compile(
     r"(?P<scheme>[a-z]+)://"
     r"(?P<host>\[[0-9A-Fa-f:.]+\](?:/\d{1,3})?|[^/:\[\]]*?(?:/\d{1,3}(?=$|[:/]))?)"
@@ -126,6 +135,31 @@ def is_link_local(address: IPAddress) -> bool:
     return any((mapped or address) in network for network in _LINK_LOCAL)
 
 
+def special_kind(address: IPAddress) -> str | None:
+    """What makes ``address`` one that only an address rule may allow (None: an ordinary unicast
+    address, private ones included). IPv4-mapped IPv6 addresses count as their IPv4 address."""
+    plain = getattr(address, "ipv4_mapped", None) or address
+    if plain.is_loopback:
+        return "loopback"
+    if is_link_local(plain):
+        return "link-local"
+    if plain.is_unspecified or (plain.version == 4 and plain in _THIS_NETWORK):
+        return "unspecified"
+    if plain.is_multicast:
+        return "multicast"
+    if plain.is_reserved:
+        return "reserved"
+    return None
+
+
+def _rule_allows_address(rule: SourceRule, address: IPAddress) -> bool:
+    """A rule that matched the URI allows ``address``: an address rule if it contains it, any
+    other rule only if the address is an ordinary one."""
+    if rule.network is not None:
+        return address in rule.network
+    return special_kind(address) is None
+
+
 @dataclass(frozen=True)
 class SourcePolicy:
     rules: tuple[SourceRule, ...] = ()
@@ -164,6 +198,8 @@ class SourcePolicy:
         if not self._matching(parts.scheme, host, port, unquote(parts.path)):
             allowed = ", ".join(str(r) for r in self.rules)
             raise SourceRefused(f"source {uri!r} is not among the allowed sources ({allowed})")
+        if address is not None:
+            self.check_address(uri, address)
 
     def check_address(self, uri: str, address: IPAddress) -> None:
         """Raise SourceRefused unless the agent may connect to ``address`` for ``uri``."""
@@ -174,6 +210,12 @@ class SourcePolicy:
         parts = urlsplit(uri)
         host = (parts.hostname or "").lower()
         matching = self._matching(parts.scheme, host, parts.port, unquote(parts.path))
-        if any(r.network is None or address in r.network for r in matching):
+        if any(_rule_allows_address(r, address) for r in matching):
             return
+        kind = special_kind(address)
+        if kind is not None:
+            raise SourceRefused(
+                f"source {uri!r} resolves to the {kind} address {address}, which only an address "
+                "rule containing it allows"
+            )
         raise SourceRefused(f"source {uri!r} resolves to {address}, outside the allowed sources")

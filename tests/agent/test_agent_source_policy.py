@@ -58,7 +58,7 @@ async def test_a_name_resolving_outside_an_allowed_network_is_refused_at_connect
     assert (await client.update("v2"))[0] == 202
     status = await client.wait_settled()
     assert (status["version"], status["last_error"]["reason"]) == (None, "InvalidSource")
-    assert "resolves to 127.0.0.1, outside the allowed sources" in status["last_error"]["message"]
+    assert "resolves to the loopback address 127.0.0.1" in status["last_error"]["message"]
 
     allowed = await agent_factory(source=named, allowed_sources=("http://127.0.0.0/8",))
     assert (await allowed.update("v2"))[0] == 202
@@ -68,3 +68,19 @@ async def test_a_name_resolving_outside_an_allowed_network_is_refused_at_connect
 async def test_a_bad_rule_stops_the_agent_with_the_reason(tree: Tree, agent_factory: AgentFactory) -> None:
     with pytest.raises(ConfigError, match="--allowed-sources: source rule 'ftp://x'"):
         await agent_factory(source=tree.file_uri, allowed_sources=("ftp://x",))
+
+
+@pytest.mark.parametrize("rule", ["http://localhost", "http://*"])
+async def test_a_name_rule_does_not_reach_loopback(
+    tree: Tree, agent_factory: AgentFactory, source_server: Source, rule: str
+) -> None:
+    """A name rule allows a name wherever it points but at special addresses: `localhost`
+    (what a rebinding zone under an allowed suffix would answer) resolves to 127.0.0.1, and
+    nothing is fetched, nor any reply of it shown."""
+    url = await source_server(tree.root)
+    named = url.replace("127.0.0.1", "localhost")
+    client = await agent_factory(source=named, allowed_sources=(rule,))
+    assert (await client.update("v2"))[0] == 202
+    status = await client.wait_settled()
+    assert (status["version"], status["last_error"]["reason"]) == (None, "InvalidSource")
+    assert "resolves to the loopback address 127.0.0.1" in status["last_error"]["message"]
