@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import re
@@ -41,6 +42,16 @@ RESPOND_ASYNC_HEADERS = {PREFER_HEADER: RESPOND_ASYNC}
 T = TypeVar("T")
 # The `agent_factory` fixture: keyword overrides of AgentConfig (+ token) -> a started agent.
 AgentFactory = Callable[..., Awaitable["AgentClient"]]
+
+
+def jwt_shaped(**claims: Any) -> str:
+    """A token shaped like a service-account JWT (unsigned: the signature is filler), carrying
+    ``claims``: what an agent in TokenReview mode sends to its apiserver for review."""
+
+    def part(value: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).decode().rstrip("=")
+
+    return f"{part({'alg': 'RS256', 'kid': 'test'})}.{part(claims)}.c2lnbmF0dXJl"
 
 
 # The token of agents started with static_token_agent (peers present the same shared secret).

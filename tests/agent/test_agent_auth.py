@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_testkit import AgentClient, AgentFactory, Tree
+from agent_testkit import AgentClient, AgentFactory, Tree, jwt_shaped
 
 from ckpt_agent.config import AgentConfig, AuthConfig, ConfigError
 from ckpt_agent.server.auth import (
@@ -343,7 +343,7 @@ async def test_an_agent_whose_apiserver_is_away_answers_503_auth_unavailable(
         client = await agent_factory(
             source=tree.file_uri,
             auth=AuthConfig(tokenreview_audience="ckpt-rollout-agent", allowed_usernames=(SA,)),
-            token="a-pod-bound-token",
+            token=jwt_shaped(sub=SA, aud=["ckpt-rollout-agent"]),
         )
         service = client.agent.service
         live_before = service.live

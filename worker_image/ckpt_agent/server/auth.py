@@ -12,12 +12,15 @@ settle_refusal).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
 import logging
 import os
+import re
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -251,25 +254,99 @@ TOKENREVIEW_TIMEOUT_S = 5.0
 READYZ_TRUST_S = 1.0
 
 
-class _Answers:
-    """Decisions kept briefly (allowed ones longer) so a rollout's polling does not flood the
-    apiserver; bounded by sweeping expired entries."""
+# How long a decision is kept. An allowed one is the revocation lag: a deleted ServiceAccount,
+# a deleted pod (for a pod-bound token) or a withdrawn RoleBinding stops working within this, and
+# never later than the token's own `exp`. A refusal is kept so that a repeated bad token costs
+# one review per window.
+ALLOWED_TTL_S = 10.0
+REFUSED_TTL_S = 5.0
+# Decisions kept at most, per cache (the least recently used go first): a flood of distinct
+# tokens cannot grow the agent's memory, and evicts only what is cheap to ask again.
+MAX_KEPT_DECISIONS = 1024
 
-    def __init__(self, ttl_seconds: float, negative_ttl_seconds: float) -> None:
+Clock = Callable[[], float]
+
+
+class _Answers:
+    """Decisions kept briefly so a rollout's polling does not flood the apiserver."""
+
+    def __init__(self, ttl_seconds: float, negative_ttl_seconds: float, max_kept: int, clock: Clock) -> None:
         self._ttl = ttl_seconds
         self._negative_ttl = negative_ttl_seconds
-        self._kept: dict[Any, tuple[float, AuthDecision]] = {}
+        self._max_kept = max_kept
+        self._clock = clock
+        self._kept: OrderedDict[Any, tuple[float, AuthDecision]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._kept)
 
     def get(self, key: Any) -> AuthDecision | None:
         kept = self._kept.get(key)
-        return kept[1] if kept and kept[0] > time.monotonic() else None
+        if kept is None:
+            return None
+        if kept[0] <= self._clock():
+            del self._kept[key]
+            return None
+        self._kept.move_to_end(key)
+        return kept[1]
 
-    def put(self, key: Any, decision: AuthDecision) -> AuthDecision:
-        now = time.monotonic()
-        if len(self._kept) > 1024:
-            self._kept = {k: v for k, v in self._kept.items() if v[0] > now}
-        self._kept[key] = (now + (self._ttl if decision.allowed else self._negative_ttl), decision)
+    def put(self, key: Any, decision: AuthDecision, valid_for_s: float | None = None) -> AuthDecision:
+        """Keep ``decision``; ``valid_for_s`` shortens an allowed one (the token expires sooner)."""
+        ttl = self._ttl if decision.allowed else self._negative_ttl
+        if valid_for_s is not None:
+            ttl = min(ttl, valid_for_s)
+        if ttl > 0:
+            self._kept[key] = (self._clock() + ttl, decision)
+            self._kept.move_to_end(key)
+            while len(self._kept) > self._max_kept:
+                self._kept.popitem(last=False)
         return decision
+
+
+_B64URL = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _b64url_json(part: str) -> dict[str, Any] | None:
+    if not _B64URL.fullmatch(part):
+        return None
+    try:
+        value = json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def unverified_claims(token: str) -> dict[str, Any] | None:
+    """The claims of a token shaped like a signed JWT (header.payload.signature, base64url, the
+    header naming its `alg`), unverified; None for anything else. Every token that can pass
+    review here is one (service-account and OIDC tokens bound to our audience), so a token of
+    another shape is refused without asking the apiserver. The claims are the bearer's word:
+    they may only shorten how long a decision is kept, or refuse."""
+    parts = token.split(".")
+    if len(parts) != 3 or not parts[2] or not _B64URL.fullmatch(parts[2]):
+        return None
+    header = _b64url_json(parts[0])
+    if header is None or not isinstance(header.get("alg"), str) or header["alg"].lower() == "none":
+        return None
+    return _b64url_json(parts[1])
+
+
+def audience_refusal(claims: Mapping[str, Any], audience: str) -> AuthDecision | None:
+    """A refusal that needs no TokenReview: a JWT naming other audiences only (the apiserver
+    would refuse it for ours)."""
+    aud = claims.get("aud")
+    named = [aud] if isinstance(aud, str) else aud if isinstance(aud, list) else None
+    if named is not None and audience not in named:
+        return AuthDecision(401, f"token is not valid for audience {audience!r}")
+    return None
+
+
+def seconds_left(claims: Mapping[str, Any], now: float) -> float | None:
+    """Seconds until the token's `exp` (None: it names none)."""
+    exp = claims.get("exp")
+    if isinstance(exp, bool) or not isinstance(exp, int | float):
+        return None
+    return float(exp) - now
 
 
 async def _review(call: Callable[..., Awaitable[Any]], body: Any, what: str) -> dict[str, Any] | int | None:
@@ -342,8 +419,10 @@ class TokenReviewAuthenticator:
         *,
         target: AccessReviewTarget | None = None,
         relay_usernames: Collection[str] = (),
-        ttl_seconds: float = 60.0,
-        negative_ttl_seconds: float = 5.0,
+        ttl_seconds: float = ALLOWED_TTL_S,
+        negative_ttl_seconds: float = REFUSED_TTL_S,
+        max_kept: int = MAX_KEPT_DECISIONS,
+        clock: Clock = time.monotonic,
     ) -> None:
         if (target is None) == (not allowed_usernames):
             raise ValueError("authorize by SubjectAccessReview (target) or by allowed_usernames, one of them")
@@ -352,22 +431,34 @@ class TokenReviewAuthenticator:
         self._target = target
         self._allowed = frozenset(allowed_usernames) | frozenset(relay_usernames)
         self.relay_only = frozenset(relay_usernames) - frozenset(allowed_usernames)
-        self._reviews = _Answers(ttl_seconds, negative_ttl_seconds)
-        self._access = _Answers(ttl_seconds, negative_ttl_seconds)
+        self._reviews = _Answers(ttl_seconds, negative_ttl_seconds, max_kept, clock)
+        self._access = _Answers(ttl_seconds, negative_ttl_seconds, max_kept, clock)
         self._ready_until = 0.0
 
+    def kept_decisions(self) -> int:
+        """How many decisions are cached (bounded by ``max_kept`` per cache)."""
+        return len(self._reviews) + len(self._access)
+
     async def authenticate(self, token: str, method: str, path: str) -> AuthDecision:
+        claims = unverified_claims(token)
+        if claims is None:
+            return AuthDecision(401, "token is not a signed JWT")
+        if (refused := audience_refusal(claims, self._audience)) is not None:
+            return refused
         key = hashlib.sha256(token.encode()).hexdigest()
-        identity = self._reviews.get(key) or await self._token_review(key, token)
+        valid_for = seconds_left(claims, time.time())
+        identity = self._reviews.get(key) or await self._token_review(key, token, valid_for)
         if not identity.allowed:
             return identity
         user, target = identity.user, self._target
         if target is None or user is None:
             return scoped(identity, path, self.relay_only)
         access = access_for(method, path)
-        return self._access.get((key, access)) or await self._access_review(key, user, target, access)
+        return self._access.get((key, access)) or await self._access_review(
+            key, user, target, access, valid_for
+        )
 
-    async def _token_review(self, key: str, token: str) -> AuthDecision:
+    async def _token_review(self, key: str, token: str, valid_for: float | None) -> AuthDecision:
         from kubernetes_asyncio import client
 
         allowed = None if self._target is not None else self._allowed
@@ -378,10 +469,10 @@ class TokenReviewAuthenticator:
         decision = decide_token_review(status, self._audience, allowed)
         if decision.status == 401:  # the apiserver's word (our allow-list's is final)
             decision = await self._settled(decision)
-        return decision if decision.status == 503 else self._reviews.put(key, decision)
+        return decision if decision.status == 503 else self._reviews.put(key, decision, valid_for)
 
     async def _access_review(
-        self, key: str, user: UserInfo, target: AccessReviewTarget, access: Access
+        self, key: str, user: UserInfo, target: AccessReviewTarget, access: Access, valid_for: float | None
     ) -> AuthDecision:
         from kubernetes_asyncio import client
 
@@ -391,7 +482,7 @@ class TokenReviewAuthenticator:
         if not isinstance(status, dict):
             return await self._settled(review_failed(status, "access review", refused=403))
         decision = await self._settled(decide_access_review(status, user, access, target.namespace))
-        return decision if decision.status == 503 else self._access.put((key, access), decision)
+        return decision if decision.status == 503 else self._access.put((key, access), decision, valid_for)
 
     async def _settled(self, decision: AuthDecision) -> AuthDecision:
         if decision.allowed or decision.status == 503 or time.monotonic() < self._ready_until:
