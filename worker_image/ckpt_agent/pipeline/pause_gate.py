@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Protocol
 
@@ -36,12 +36,25 @@ class PauseGate:
         # Seconds each holder spent in hold(), summed until reset: what a load's apply cost in
         # paused time (FastDeploy's update_cost, in a synchronous update_weights answer).
         self.held_seconds: dict[str, float] = {}
+        # holder -> what to do once, just before it next takes the gate (see before_acquire).
+        self._before: dict[str, Callable[[], None]] = {}
 
     @property
     def holders(self) -> list[str]:
         return sorted(self._holders)
 
+    def before_acquire(self, holder: str, hook: Callable[[], None] | None) -> None:
+        """Call `hook` once, when `holder` next acquires the gate, before the engine is paused
+        (None: forget it). Every engine takes LOAD before it changes a weight, so a hook on LOAD
+        runs while the weights are still the previous version's."""
+        if hook is None:
+            self._before.pop(holder, None)
+        else:
+            self._before[holder] = hook
+
     async def acquire(self, holder: str) -> None:
+        if (hook := self._before.pop(holder, None)) is not None:
+            hook()
         async with self._lock:
             if not self._holders:
                 await self._engine.pause()

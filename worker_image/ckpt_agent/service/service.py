@@ -120,6 +120,9 @@ class AgentService:
         self._job: LoadJob | None = None
         # The copy of the live version that peers may pull (see ckpt_agent.pipeline).
         self.relay: RelayCopy | None = None
+        # While a load runs: the copy of the version still live, served until the load changes
+        # the weights, and again if it fails before it did.
+        self._standing: RelayCopy | None = None
         self._fallback: str | None = None  # why the current load left its peer for the source
         self._check: CheckResult | None = None  # the current load's smoke check, once it ran
         # The engine is held paused (WEIGHTS_LOST) because weights that failed their smoke check
@@ -245,9 +248,32 @@ class AgentService:
             relay.release()
 
     def _publish_relay(self, copy: RelayCopy) -> None:
-        """A load relayed while it runs: its copy is served from now on (tensor by tensor)."""
-        self._withdraw_relay()
+        """A load relayed while it runs: its copy is served from now on (tensor by tensor). The
+        live version's copy is set aside, not released: it comes back if this load fails
+        before it changes the weights (see _run)."""
+        if self.relay is not self._standing:
+            self._withdraw_relay()
         self.relay = copy
+
+    def _retire_standing(self) -> None:
+        """The load is about to change the weights: the copy of the version they held no longer
+        describes what is live (and its staging memory may be needed)."""
+        standing, self._standing = self._standing, None
+        if standing is not None:
+            if self.relay is standing:
+                self.relay = None
+            standing.release()
+
+    def _reinstate_standing(self) -> None:
+        """A failed load that never changed the weights (refused, or failed while pulling or
+        verifying): the version still live is relayed again, so the next wave's peers still
+        find it here."""
+        standing = self._standing
+        if standing is None or standing.released or self.weights_lost:
+            return
+        if self.relay is not None and self.relay is not standing:
+            self._withdraw_relay()  # the failed load's own copy
+        self.relay = standing
 
     def _begin(self, req: UpdateWeightsRequest, bearer: str | None = None) -> asyncio.Task[LoadEnd]:
         source = req.source
@@ -273,8 +299,10 @@ class AgentService:
             relay_while_loading=bool(source is not None and source.relay_while_loading),
             publish_relay=self._publish_relay,
         )
-        # A load is about to change the weights (and may need the staging memory): stop relaying.
-        self._withdraw_relay()
+        # The live version's copy is still served while this load pulls and verifies; it is
+        # released once the load takes the engine to change the weights (or succeeds).
+        self._standing = self.relay
+        self.gate.before_acquire(LOAD, self._retire_standing)
         self._job = job
         self.state = AgentState.LOADING
         self.target = req.version
@@ -308,6 +336,7 @@ class AgentService:
                 self._withdraw_relay()  # a copy of the failed load, published while it ran
             seconds = time.monotonic() - started
             self._failed(job, error, rollout, seconds)
+            self._reinstate_standing()
             return self._end(job, error, seconds, self.progress.bytes_done, False)
         else:
             seconds = time.monotonic() - started
@@ -346,6 +375,10 @@ class AgentService:
             self._ready(f"serving {job.version}")
             return self._end(job, None, seconds, outcome.bytes, outcome.checksum_verified)
         finally:
+            self.gate.before_acquire(LOAD, None)
+            if self._standing is not self.relay:
+                self._retire_standing()  # replaced by this load's copy, or not to be trusted
+            self._standing = None
             self.target = None
             self.metrics.load_in_progress.set(0)
 
