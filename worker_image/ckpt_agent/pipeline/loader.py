@@ -10,8 +10,8 @@ Before any tensor byte moves, the version's non-weight files (config, tokenizer,
 fetched and verified, always: the relay copy keeps them, so a peer serves the whole version.
 
 Every load leaves a relay copy behind (see `ckpt_agent.pipeline.relay_copy`): the staging arena in
-staged mode (kept until the next load starts), the live parameters in streamed mode. Unverified
-loads relay too: a receiver checks peer bytes against the source's manifest whatever its own
+staged mode (kept until the next load changes the weights), the live parameters in streamed
+mode. Unverified loads relay too: a receiver checks peer bytes against the source's manifest whatever its own
 request said, so relay works with the default verifyChecksum false and a peer cannot inject.
 """
 

@@ -2,8 +2,8 @@
 
 Which bytes a peer serves (decided per apply mode):
 - staged (default) and disk-staging engines: the staging copy of the load, kept after
-  the apply until the next load starts (host RAM or the staging directory; served over http
-  and mooncake);
+  the apply until the next load changes the weights, so also through a load that fails
+  before it does (host RAM or the staging directory; served over http and mooncake);
 - streamed: re-read from the live parameters, tensor by tensor (http only: no staging copy to
   register). A tensor that changed since the load (a new load began) is refused.
 Readers verify everything anyway; these rules keep an honest peer from serving torn data.
