@@ -11,8 +11,9 @@ fetched and verified, always: the relay copy keeps them, so a peer serves the wh
 
 Every load leaves a relay copy behind (see `ckpt_agent.pipeline.relay_copy`): the staging arena in
 staged mode (kept until the next load changes the weights), the live parameters in streamed
-mode. Unverified loads relay too: a receiver checks peer bytes against the source's manifest whatever its own
-request said, so relay works with the default verifyChecksum false and a peer cannot inject.
+mode. Unverified loads relay too: a receiver checks peer bytes against the source's manifest
+whatever its own request said, so relay works with the default verifyChecksum false and a peer
+cannot inject.
 """
 
 from __future__ import annotations
