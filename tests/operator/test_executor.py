@@ -130,6 +130,55 @@ async def test_an_agent_that_cannot_review_our_token_is_called_again_not_failed(
     assert memory.call_times == first, "the worker timeout runs from the first attempt"
 
 
+class SlowAgents(Agents):
+    """Agents whose answer to update_weights never arrives in time (the call times out), and
+    whose /v1/status says, once asked, whether they saw it: the first has loaded v2 meanwhile,
+    the second never heard of it."""
+
+    def __init__(self, api: Api) -> None:
+        super().__init__(api)
+        self.calls: list[str] = []
+        self.asked: list[str] = []
+
+    async def update_weights(
+        self, ip: str, port: int, request: UpdateWeightsRequest, *, namespace: str
+    ) -> CallResult:
+        name = f"w-{int(ip.rsplit('.', 1)[1]) - 1:03d}"
+        self.calls.append(name)
+        return CallResult(0, {}, "TimeoutError: ")
+
+    async def status(self, ip: str, port: int, *, namespace: str) -> CallResult:
+        name = f"w-{int(ip.rsplit('.', 1)[1]) - 1:03d}"
+        self.asked.append(name)
+        status = AgentStatus(version="v2" if name == "w-000" else "v1", state=AgentState.IDLE)
+        return CallResult(200, status.to_wire(), agent_status=status)
+
+
+async def test_a_call_without_an_answer_is_asked_about_not_failed() -> None:
+    """#32 item 14: an agent too slow to answer (or a reset after the request went out) is no
+    failed worker: nothing is written as failed, the call is not sent again blindly; its status
+    is asked, and only what it says decides (loaded: Updated; never saw it: called again)."""
+    obj, fleet = _rollout(2, 4)
+    api = Api(obj)
+    agents = SlowAgents(api)
+    memory = Memory()
+    reconciler = Reconciler(api, agents, Tuning(pull_after_s=0.0, busy_retry_s=0.0))  # type: ignore[arg-type]
+    await reconciler.step(api.obj, fleet, memory, lambda *_: None)
+    assert sorted(agents.calls) == ["w-000", "w-001"]
+    assert memory.heard == {}, "no failure heard"
+    assert memory.busy_until == {}, "not called again before its agent is asked"
+    assert {t.reason for t in memory.troubles.values()} == {"AgentUnreachable"}
+    await reconciler.step(api.obj, fleet, memory, lambda *_: None)
+    assert sorted(agents.asked) == ["w-000", "w-001"]
+    assert sorted(agents.calls) == ["w-000", "w-001"], "asked first, not called"
+    await reconciler.step(api.obj, fleet, memory, lambda *_: None)
+    workers = api.obj["status"].get("workers") or {}
+    assert all(e["phase"] != WorkerPhase.FAILED for e in workers.values()), workers
+    assert api.obj["status"]["phase"] == "Progressing"
+    assert agents.calls.count("w-001") == 2, "the agent that never saw the call is called again"
+    assert agents.calls.count("w-000") == 1, "the one that loaded it is not"
+
+
 class ApiWithEvents(Api):
     """The CR store, and the Warning events of pods (or a refusal to list them)."""
 

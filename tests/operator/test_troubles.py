@@ -11,7 +11,6 @@ from ckpt_rollout.domain.troubles import (
     CREATING_GRACE_S,
     EVENTS_GRACE_S,
     NoAnswer,
-    Trouble,
     answer_trouble,
     pod_trouble,
     wants_events,
@@ -67,9 +66,13 @@ ANSWERS: list[tuple[str, CallResult, tuple[str, bool, str] | None]] = [
         ("AgentUnreachable", False, "TLS verification of the agent failed: self-signed"),
     ),
     (
-        "a-request-that-may-have-reached-the-agent-is-not-sent-again",
+        "a-call-without-an-answer-is-outwaited-and-asked-about",
         CallResult(0, {}, "TimeoutError: "),
-        ("AgentUnreachable", False, "TimeoutError"),
+        (
+            "AgentUnreachable",
+            True,
+            "no answer from the agent (asking whether the call arrived): TimeoutError",
+        ),
     ),
 ]
 
@@ -89,9 +92,11 @@ def test_an_answer_names_what_holds_the_worker_up(
 
 
 def test_without_an_answer_the_detail_is_the_cause() -> None:
-    assert answer_trouble(0, None, "reset by peer", NoAnswer.BROKEN) == Trouble(
-        "AgentUnreachable", "reset by peer", retried=False
-    )
+    trouble = answer_trouble(0, None, "reset by peer", NoAnswer.BROKEN)
+    assert trouble is not None
+    assert trouble.message.endswith(": reset by peer")
+    assert (trouble.retried, trouble.ask_first) == (True, True)
+    assert answer_trouble(0, None, "refused", NoAnswer.UNREACHABLE).ask_first is False  # type: ignore[union-attr]
 
 
 def _pod(phase: str = "Pending", *, age: float = 1.0, **status: Any) -> tuple[dict[str, Any], float]:

@@ -241,11 +241,14 @@ def record_call(
     if trouble is not None and trouble.retried:
         # Nobody listens yet (a pod that just started, its agent still booting), or the agent
         # could not review our token while the apiserver is away: the request did nothing, so
-        # calling again is safe. The worker timeout runs from the first attempt and bounds the
-        # wait; meanwhile the cause is shown (domain.stalls).
+        # calling again is safe. No answer came (a slow agent, a reset): the pull asks whether
+        # the call arrived, and it is sent again only if not (Outcome.LOST). The worker timeout
+        # runs from the first attempt and bounds the wait; meanwhile the cause is shown
+        # (domain.stalls).
         memory.troubles[call.pod] = ongoing(memory.troubles.get(call.pod), trouble, now)
         memory.call_times.setdefault(call.pod, now)
-        memory.busy_until[call.pod] = now + tuning.busy_retry_s
+        if not trouble.ask_first:
+            memory.busy_until[call.pod] = now + tuning.busy_retry_s
         return
     memory.troubles.pop(call.pod, None)
     memory.call_times[call.pod] = now

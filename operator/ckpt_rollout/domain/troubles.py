@@ -3,8 +3,9 @@ answered to the operator (or that it could not be reached), or the state of a se
 cannot start. Pure; table-tested.
 
 A trouble the operator can outwait (``retried``: the agent could not check the token yet, nobody
-listens yet) keeps the worker waiting until the worker timeout; the others fail it at once. Either
-way the cause is shown while it lasts (ckpt_rollout.domain.stalls)."""
+listens yet, no answer came) keeps the worker waiting until the worker timeout; the others (a
+refusal, a certificate that fails verification) fail it at once. Either way the cause is shown
+while it lasts (ckpt_rollout.domain.stalls)."""
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -52,6 +53,9 @@ class Trouble:
     reason: str
     message: str
     retried: bool = True  # the operator calls again (the worker timeout bounds the wait)
+    # Whether the call arrived is unknown (no answer came): the agent's status (the pull) is asked
+    # first, and the call is sent again only if the agent never saw it.
+    ask_first: bool = False
     # Monotonic time it was first met (None: shown at once); not part of what it is.
     since: float | None = field(default=None, compare=False)
 
@@ -89,9 +93,17 @@ def answer_trouble(status: int, error: str | None, detail: str, no_answer: NoAns
             return Trouble(
                 WorkerReason.AGENT_UNREACHABLE, f"the agent is unreachable (calling again): {detail}"
             )
-        # Once a request may have reached the agent, calling again could load twice: the worker
-        # fails with this cause.
-        return Trouble(WorkerReason.AGENT_UNREACHABLE, detail, retried=False)
+        if no_answer is NoAnswer.TLS:
+            # The certificate stays wrong however often it is asked: the worker fails with it.
+            return Trouble(WorkerReason.AGENT_UNREACHABLE, detail, retried=False)
+        # The request may have reached the agent: a slow or briefly unreachable agent is no failed
+        # worker, and calling blindly again could load twice. Its status says whether it saw the
+        # call; only an answer, or the worker timeout, decides.
+        return Trouble(
+            WorkerReason.AGENT_UNREACHABLE,
+            f"no answer from the agent (asking whether the call arrived): {detail}",
+            ask_first=True,
+        )
     if status == 503 and error == ErrorCode.AUTH_UNAVAILABLE:
         return Trouble(
             ErrorCode.AUTH_UNAVAILABLE,
