@@ -54,12 +54,18 @@ def jwt_shaped(**claims: Any) -> str:
     return f"{part({'alg': 'RS256', 'kid': 'test'})}.{part(claims)}.c2lnbmF0dXJl"
 
 
-# The token of agents started with static_token_agent (peers present the same shared secret).
+# The token of agents started with static_token_agent, and the relay secret they share (what
+# they present to each other's relays, and all it lets a peer do).
 STATIC_TOKEN = "operator-token"
+RELAY_TOKEN = "relay-secret"
 
 
 async def static_token_agent(agent_factory: AgentFactory, token_file: Path, **overrides: Any) -> AgentClient:
-    """An agent whose API takes the static token in ``token_file`` (the conftest fixture)."""
+    """An agent whose API takes the static token in ``token_file`` (the conftest fixture), and
+    the shared relay token of a file beside it for relay reads."""
+    relay = token_file.with_name("relay-token")
+    relay.write_text(RELAY_TOKEN + "\n")
+    overrides.setdefault("relay_token_file", relay)
     return await agent_factory(token=STATIC_TOKEN, auth=AuthConfig(token_file=token_file), **overrides)
 
 

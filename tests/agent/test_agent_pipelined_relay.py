@@ -175,6 +175,7 @@ async def test_a_peer_killed_mid_stream_leaves_the_rest_to_the_source(
         "agent", "--port", "0", "--metrics-port", "0", "--source", held.url, "--auth-token-file",
         str(token_file), "--plain-http", "--no-report", "--model-hidden", str(SPEC.hidden),
         "--model-layers", str(SPEC.layers), "--model-outputs", str(SPEC.outputs),
+        "--relay-token-file", str(token_file.with_name("relay-token")),
     ) as (proc, url):  # fmt: skip
         peer = AgentClient(session, url, STATIC_TOKEN)
 

@@ -28,9 +28,7 @@ async def _peer_reads_v1_from(
     holder: AgentClient, tree: Tree, agent_factory: AgentFactory, token_file: Path
 ) -> None:
     """A next-wave agent loads v1 naming ``holder`` as its peer: every byte comes from it."""
-    reader = await static_token_agent(
-        agent_factory, token_file, source=tree.file_uri, relay_token_file=token_file
-    )
+    reader = await static_token_agent(agent_factory, token_file, source=tree.file_uri)
     await reader.wait_settled()
     body = {"uri": tree.file_uri, "manifestDigest": tree.digests["v1"], "peer": holder.url}
     assert (await reader.update("v1", source=body))[0] == 202

@@ -31,13 +31,15 @@ log = logging.getLogger(__name__)
 
 
 def relay_credential(config: AgentConfig) -> RelayCredential:
-    """What this agent presents to a peer whose relay it reads: its own token file; with a
-    static token, that shared secret (every agent and the operator hold it already); with
-    TokenReview auth and no token file, nothing: the operator's token is never sent on."""
+    """What this agent presents to a peer whose relay it reads: its own relay token file, and
+    nothing else. Never the token it was called with: a peer is any address a request names,
+    and the static token (or the operator's) would let its holder pause and reload this agent.
+    Without the file, a load told of a peer reads the source, unless auth is off here (then
+    peers are taken to need no credential either)."""
     if config.relay_token_file is not None:
         path = config.relay_token_file
 
-        def own(_request_bearer: str | None) -> str:
+        def own() -> str:
             try:
                 token = path.read_text().strip()
             except OSError as exc:
@@ -47,13 +49,13 @@ def relay_credential(config: AgentConfig) -> RelayCredential:
             return token
 
         return own
-    if config.auth.tokenreview_audience is not None:
+    if config.auth.disabled:
+        return lambda: None
 
-        def none(_request_bearer: str | None) -> str:
-            raise NoRelayToken("this agent has no token for peers (--relay-token-file)")
+    def none() -> str:
+        raise NoRelayToken("this agent has no token for peers (--relay-token-file)")
 
-        return none
-    return lambda request_bearer: request_bearer
+    return none
 
 
 def create_engine(config: AgentConfig) -> Engine:
@@ -209,7 +211,9 @@ async def build_agent(config: AgentConfig) -> Agent:
         )
     authenticator: Authenticator | None = None
     if config.auth.token_file is not None:
-        authenticator = StaticTokenAuthenticator(config.auth.token_file)
+        authenticator = StaticTokenAuthenticator(
+            config.auth.token_file, relay_token_file=config.relay_token_file
+        )
     elif config.auth.tokenreview_audience is not None:
         target = None
         if config.auth.access_review:

@@ -164,6 +164,7 @@ class AgentConfig:
                 "SubjectAccessReview in this pod's namespace: set POD_NAMESPACE (downward API)"
             )
         self.tls.validate(self.pod_namespace)
+        self._check_relay_token()
         if self.connections.idle_timeout_s <= 0 or self.connections.max_connections < 1:
             raise ConfigError("--idle-timeout and --max-connections must be positive")
         try:
@@ -193,6 +194,21 @@ class AgentConfig:
             raise ConfigError("--paddle-weights is for the paddle engine")
         if self.paddle_weights is not None and not self.paddle_weights.exists():
             raise ConfigError(f"--paddle-weights: {self.paddle_weights} does not exist")
+
+    def _check_relay_token(self) -> None:
+        """The relay token is sent to peers, any address a request names: it must not be the
+        static token that lets its bearer pause and reload this agent."""
+        if self.auth.token_file is None or self.relay_token_file is None:
+            return
+        try:
+            same = self.auth.token_file.read_bytes().strip() == self.relay_token_file.read_bytes().strip()
+        except OSError:
+            return  # read when used, where a missing file is reported (StaticTokenAuthenticator)
+        if same:
+            raise ConfigError(
+                "--relay-token-file holds the --auth-token-file token: peers are sent the relay "
+                "token, so it must be another secret (one that reads relays only)"
+            )
 
     def source_policy(self) -> SourcePolicy:
         return SourcePolicy.parse(self.allowed_sources, allow_link_local=self.allow_link_local_sources)

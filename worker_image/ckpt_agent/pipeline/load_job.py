@@ -36,7 +36,7 @@ class LoadJob:
     previous: LiveWeights | None
     cancel: threading.Event = field(default_factory=threading.Event)
     # Pull tensor bytes from this peer agent (manifest still from `source_uri`), authenticating
-    # with the update request's bearer token; see ckpt_agent.pipeline.
+    # with this agent's own relay credential (never the update request's token).
     peer: str | None = None
     bearer: str | None = field(default=None, repr=False)
     # Refuse NaN/Inf in floating tensors (NonFiniteTensor) before anything is applied.

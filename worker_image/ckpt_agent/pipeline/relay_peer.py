@@ -16,6 +16,7 @@ from ckpt_agent.common.errors import LoadError, Reason
 from ckpt_agent.formats.manifest import DEFAULT_MAX_MANIFEST_BYTES
 from ckpt_agent.transport import ByteStream, Transport
 from ckpt_agent.transport.base import RegistersBuffers
+from ckpt_agent.transport.guard import SOURCE_POLICY, check_source
 from ckpt_api.agent_api import check_peer_uri
 from ckpt_api.tls import ReloadingContext
 
@@ -51,12 +52,18 @@ PEER_TLS: ContextVar[PeerTLS] = ContextVar("PEER_TLS", default=PeerTLS())  # noq
 
 def open_peer_transport(uri: str, bearer: str | None) -> Transport:
     """Bytes of a peer agent: http(s) under `/v1/relay`, mooncake through `/v1/mooncake`.
-    `bearer`: this agent's own relay credential (see `agent.relay_credential`)."""
+    `bearer`: this agent's own relay credential (see `agent.relay_credential`). A peer is an
+    address a request names, so the source policy judges it like a source: its URI here, every
+    address it resolves to at connect time."""
     check_peer_uri(uri)
+    check_source(uri)
+    policy = SOURCE_POLICY.get()
     if uri.startswith("mooncake://"):
         from ckpt_agent.transport.mooncake.client import MooncakeTransport
 
-        return MooncakeTransport(uri, bearer=bearer, files_path=RELAY_PATH, timeout=PEER_STALL_S)
+        return MooncakeTransport(
+            uri, bearer=bearer, files_path=RELAY_PATH, timeout=PEER_STALL_S, policy=policy
+        )
     from ckpt_agent.transport.http import HttpTransport
 
     tls = PEER_TLS.get()
@@ -70,6 +77,8 @@ def open_peer_transport(uri: str, bearer: str | None) -> Transport:
         tls=context,
         server_name=tls.server_name,
         timeout=PEER_STALL_S,
+        policy=policy,
+        checked_as=uri,
     )
 
 

@@ -14,7 +14,7 @@ from ckpt_agent.common.errors import LoadError, RequestError
 from ckpt_agent.engines.base import EngineUnavailable
 from ckpt_agent.pipeline.relay_export import RelayExporter
 from ckpt_agent.server import control_api
-from ckpt_agent.server.auth import Authenticator, auth_middleware, bearer_token
+from ckpt_agent.server.auth import Authenticator, auth_middleware
 from ckpt_agent.server.relay_routes import add_relay_routes
 from ckpt_agent.server.update_request import RolloutRef, parse_rollout, parse_update_request
 from ckpt_agent.service.service import AgentService
@@ -86,11 +86,10 @@ async def update_weights(request: web.Request) -> web.Response:
     except RequestError as exc:
         service.reject(exc, *_version_and_rollout(body))
         raise
-    bearer = bearer_token(request.headers.get("Authorization"))
     if control_api.is_async(req, request.headers):
-        reply = service.request_update(req, bearer)
+        reply = service.request_update(req)
         return control_api.async_reply(reply, control_api.prefers_async(request.headers))
-    return await control_api.update_synchronously(service, req, bearer, request.app[SYNC_TIMEOUT])
+    return await control_api.update_synchronously(service, req, request.app[SYNC_TIMEOUT])
 
 
 def _version_and_rollout(body: object) -> tuple[object, RolloutRef | None]:

@@ -172,32 +172,51 @@ def bearer_token(header: str | None) -> str | None:
     return token
 
 
-class StaticTokenAuthenticator:
-    """Compares against a token file, re-read when it changes (mounted Secrets are updated in
-    place). One shared secret, which peers present too: its bearer may do everything."""
+class _TokenFile:
+    """A token in a file, re-read when it changes (mounted Secrets are updated in place)."""
 
-    def __init__(self, path: Path) -> None:
-        self._path = path
+    def __init__(self, path: Path, *, required: bool = True) -> None:
+        self.path = path
         self._stamp: tuple[float, int] | None = None
         self._token = b""
-        self._load()
-        if not self._token:
+        if required or path.exists():  # an optional one matches nothing until it appears
+            self._load()
+        if required and not self._token:
             raise ValueError(f"token file {path} is empty")
 
     def _load(self) -> None:
-        st = os.stat(self._path)
+        st = os.stat(self.path)
         stamp = (st.st_mtime, st.st_size)
         if stamp != self._stamp:
-            self._token = self._path.read_bytes().strip()
+            self._token = self.path.read_bytes().strip()
             self._stamp = stamp
 
-    async def authenticate(self, token: str, method: str = "GET", path: str = "/") -> AuthDecision:
+    def matches(self, token: str) -> bool:
         try:
             self._load()
         except OSError as exc:
-            log.warning("cannot re-read token file %s (%s); using the last token read", self._path, exc)
-        if self._token and hmac.compare_digest(token.encode(), self._token):
+            log.warning("cannot re-read token file %s (%s); using the last token read", self.path, exc)
+        return bool(self._token) and hmac.compare_digest(token.encode(), self._token)
+
+
+class StaticTokenAuthenticator:
+    """Compares against a token file: its bearer may do everything. With ``relay_token_file``
+    (the agent's --relay-token-file, one relay secret its peers share), that token reads the
+    relay and nothing else: peers never need, and are never sent, the full token."""
+
+    RELAY_USER = "relay-token"
+
+    def __init__(self, path: Path, *, relay_token_file: Path | None = None) -> None:
+        self._token = _TokenFile(path)
+        # Not yet mounted is no reason to refuse to start: peers are refused until it is.
+        self._relay = _TokenFile(relay_token_file, required=False) if relay_token_file else None
+
+    async def authenticate(self, token: str, method: str = "GET", path: str = "/") -> AuthDecision:
+        if self._token.matches(token):
             return AuthDecision(200, "static token")
+        if self._relay is not None and self._relay.matches(token):
+            relay = AuthDecision(200, "relay token", self.RELAY_USER)
+            return scoped(relay, path, frozenset({self.RELAY_USER}))
         return AuthDecision(401, "invalid token")
 
 

@@ -103,10 +103,10 @@ def _live(service: AgentService) -> str | None:
 
 
 async def update_synchronously(
-    service: AgentService, req: UpdateWeightsRequest, bearer: str | None, timeout_s: float
+    service: AgentService, req: UpdateWeightsRequest, timeout_s: float
 ) -> web.Response:
     """Start the load, answer when it has ended (or after `timeout_s`, leaving it running)."""
-    reply = service.request_update(req, bearer)
+    reply = service.request_update(req)
     if reply.status == 200:
         live = service.live
         rank = RankResult(

@@ -50,7 +50,9 @@ log = logging.getLogger(__name__)
 SHUTDOWN_GRACE_SECONDS = 30.0
 # The token a load presents to the peer it pulls from, given the request's own (None: no auth,
 # none needed); raises NoRelayToken when this agent has none to present.
-RelayCredential = Callable[[str | None], str | None]
+# This agent's own credential for peers' relays (None: it presents none). It is given nothing:
+# the token a request carried is never this agent's to send on, whoever the peer is.
+RelayCredential = Callable[[], str | None]
 
 
 class NoRelayToken(Exception):
@@ -93,7 +95,7 @@ class AgentService:
         initial_verify: bool = True,
         await_rollout: bool = False,
         source_policy: SourcePolicy | None = None,
-        relay_credential: RelayCredential = lambda request_bearer: request_bearer,
+        relay_credential: RelayCredential = lambda: None,
         peer_tls: PeerTLS | None = None,
     ) -> None:
         self.engine = engine
@@ -162,8 +164,7 @@ class AgentService:
     def loading(self) -> bool:
         return self._task is not None and not self._task.done()
 
-    def request_update(self, req: UpdateWeightsRequest, bearer: str | None = None) -> Reply:
-        """`bearer`: the request's token, forwarded to a peer when the request names one."""
+    def request_update(self, req: UpdateWeightsRequest) -> Reply:
         if self.loading:
             self._count(UpdateResult.CONFLICT)
             return Reply(
@@ -206,7 +207,7 @@ class AgentService:
             self.reject(refused, req.version, req.rollout)
             raise refused from None
         self._count(UpdateResult.ACCEPTED)
-        task = self._begin(req, bearer)
+        task = self._begin(req)
         return Reply(202, UpdateAccepted(accepted=True, version=req.version), task)
 
     def _already_live(self, req: UpdateWeightsRequest) -> bool:
@@ -275,14 +276,20 @@ class AgentService:
             self._withdraw_relay()  # the failed load's own copy
         self.relay = standing
 
-    def _begin(self, req: UpdateWeightsRequest, bearer: str | None = None) -> asyncio.Task[LoadEnd]:
+    def _peer_credential(self, peer: str) -> str | None:
+        """What to present to ``peer``; raises NoRelayToken (or SourceRefused) when the peer is
+        to be skipped. A peer is dialled like a source: the source policy judges it first."""
+        self.source_policy.check_uri(peer)
+        return self._relay_credential()
+
+    def _begin(self, req: UpdateWeightsRequest) -> asyncio.Task[LoadEnd]:
         source = req.source
         peer = source.peer if source else None
         credential: str | None = None
         self._peer_skipped = None
         try:
-            credential = self._relay_credential(bearer) if peer else None
-        except NoRelayToken as exc:
+            credential = self._peer_credential(peer) if peer else None
+        except (NoRelayToken, SourceRefused) as exc:
             self._peer_skipped = f"peer {peer} skipped: {exc}"
             log.warning("%s; loading %s from the source", self._peer_skipped, req.version)
             peer = None

@@ -3,9 +3,10 @@
 The policy is the agent's, set for each load's task (`SOURCE_POLICY`): a context variable, so
 several agents in one process (the tests) each keep their own, and the worker threads a load
 starts with asyncio.to_thread see it too. Connections check every address a host resolves to
-before connecting, so a name that resolves to a refused address is refused whatever the URI said.
-Peers are not sources (the operator names them; their bytes are verified): their transports are
-opened unguarded.
+before connecting, and connect to the very address checked (one resolution: a rebinding name
+gets no second answer), so a name that resolves to a refused address is refused whatever the URI
+said. Peers are judged the same way: a request names them as it names sources, and the relay
+credential is presented to whatever they resolve to.
 """
 
 from __future__ import annotations

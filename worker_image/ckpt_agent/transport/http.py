@@ -71,10 +71,12 @@ class HttpTransport:
         policy: SourcePolicy | None = None,
         tls: ssl.SSLContext | None = None,
         server_name: str | None = None,
+        checked_as: str | None = None,
     ) -> None:
-        """`policy`: for a source, the addresses it may connect to (a peer's has none).
-        `tls`: what an https server's certificate must chain to (default: the system's CAs);
-        `server_name`: the name it must carry (default: the URL's host)."""
+        """`policy`: the addresses it may connect to (a source's or a peer's), judged for the
+        URI `checked_as` (default `uri`; a peer's or a mooncake endpoint's own URI, not the
+        HTTP path under it). `tls`: what an https server's certificate must chain to (default:
+        the system's CAs); `server_name`: the name it must carry (default: the URL's host)."""
         parts = urlsplit(uri)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URI: {uri!r}")
@@ -84,9 +86,10 @@ class HttpTransport:
         self._port = parts.port
         self._base = parts.path.rstrip("/")
         self._timeout = timeout
-        # Peer agents authenticate relay reads with the update request's own bearer token.
+        # A peer's relay reads carry the reading agent's own relay credential.
         self._auth = {"Authorization": f"Bearer {bearer}"} if bearer else {}
         self._policy = policy
+        self._checked_as = checked_as or uri
         self._tls = tls
         self._server_name = server_name
 
@@ -107,7 +110,7 @@ class HttpTransport:
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         conn = self._connection()
         if self._policy is not None:
-            guard(conn, self.uri, self._policy)
+            guard(conn, self._checked_as, self._policy)
         try:
             conn.request("GET", self._base + path, headers={**self._auth, **headers})
             return conn, conn.getresponse()

@@ -142,7 +142,8 @@ class MooncakeTransport:
         policy: SourcePolicy | None = None,
     ) -> None:
         """`files_path`: where the endpoint serves a version's files over HTTP ("" for a
-        source, the relay prefix for a peer agent). `policy`: a source's (a peer's has none)."""
+        source, the relay prefix for a peer agent). `policy`: the agent's source policy, which
+        judges a peer as it does a source."""
         parts = urlsplit(uri)
         if parts.scheme != "mooncake" or not parts.hostname or parts.port is None:
             raise ValueError(f"not a mooncake://host:port URI: {uri!r}")
@@ -152,7 +153,11 @@ class MooncakeTransport:
         self._port = parts.port
         host = f"[{self._host}]" if ":" in self._host else self._host
         self._files = HttpTransport(
-            f"http://{host}:{self._port}{files_path}", timeout=timeout, bearer=bearer, policy=policy
+            f"http://{host}:{self._port}{files_path}",
+            timeout=timeout,
+            bearer=bearer,
+            policy=policy,
+            checked_as=uri,
         )
         self._policy = policy
         self._headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
