@@ -402,7 +402,9 @@ def _add_agent_parser(sub: SubParsers) -> None:
     p.add_argument(
         "--relay-token-file",
         help="this agent's own token for reading peers' relays (a projected token for the agents' "
-        "audience); without it, and with TokenReview auth, peers are skipped for the source",
+        "audience; with --auth-token-file, a relay-only secret the agents share, which this agent "
+        "also accepts for its relay and nothing else); without it, and with auth on, peers are "
+        "skipped for the source: the token a request carries is never sent on",
     )
     p.add_argument(
         "--tls-cert-file",
