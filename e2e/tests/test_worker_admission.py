@@ -111,6 +111,7 @@ def test_a_worker_writes_only_its_own_pod_and_its_own_entry(
         assert other_pod is not None
         assert "pod worker-a may write only its own status, not pod worker-b's" in other_pod
         assert _refusal(patch_pod(worker, mine)) is None
+        _own_pod_beyond_weights_ready_is_refused(worker, k8s_api, namespace, mine)
 
         # A token bound to no pod (the ServiceAccount's, minted by hand) writes nothing.
         not_bound = _refusal(patch_status(unbound, {"workers": {"worker-a": _entry("v3")}}))
@@ -124,3 +125,37 @@ def test_a_worker_writes_only_its_own_pod_and_its_own_entry(
     status = admin.get_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "fleet")["status"]
     assert status["phase"] == "Progressing"
     assert status["workers"] == {"worker-a": _entry("v2"), "worker-b": _entry("v2")}
+
+
+def _own_pod_beyond_weights_ready_is_refused(
+    worker: client.ApiClient, admin: client.ApiClient, namespace: str, mine: PodInfo
+) -> None:
+    """Its own pod, but not its WeightsReady condition: its podIP (which the operator and peers
+    dial with their credentials), its phase, another condition, a label."""
+    core = client.CoreV1Api(worker)
+
+    def patch(body: dict[str, Any]) -> Callable[[], object]:
+        return lambda: core.patch_namespaced_pod_status(mine.name, namespace, body)
+
+    weights_ready = "rollout.ckpt.dev/WeightsReady"
+    for status in [
+        {"podIP": "10.99.0.1", "podIPs": [{"ip": "10.99.0.1"}]},
+        {"phase": "Running"},
+    ]:
+        refused = _refusal(patch({"status": status}))
+        assert refused is not None, status
+        assert (
+            f"pod {mine.name} may change only its {weights_ready} condition, no other status field" in refused
+        )
+    ready = {"type": "Ready", "status": "True"}
+    other = _refusal(patch({"status": {"conditions": [ready]}}))
+    assert other is not None
+    assert f"may change only its {weights_ready} condition, not its other conditions" in other
+    label = _refusal(patch({"metadata": {"labels": {"app": "elsewhere"}}}))
+    if label is not None:  # the apiserver may drop metadata changes on pods/status by itself
+        assert "may not change its labels or annotations" in label
+    pod = client.CoreV1Api(admin).read_namespaced_pod_status(mine.name, namespace)
+    assert pod.status.pod_ip is None
+    assert pod.metadata.labels == {"app": "admission"}
+    condition = {"type": weights_ready, "status": "False", "reason": "Loading"}
+    assert _refusal(patch({"status": {"conditions": [condition]}})) is None, "its own condition, again"

@@ -11,7 +11,7 @@ from chart_render import CHART, ROOT, Helm, Obj, Rendered, rule_set
 
 from ckpt_api.crd import build_crd
 from ckpt_api.status import CheckpointRolloutStatus
-from ckpt_api.vocabulary import LEASE_NAME
+from ckpt_api.vocabulary import LEASE_NAME, WEIGHTS_READY_CONDITION
 
 # What the operator calls, exactly (lead's contract in the chart's issue).
 OPERATOR_RULES = {
@@ -454,6 +454,37 @@ def test_worker_admission_policies_bind_the_worker_accounts_and_compare_every_ot
     assert compared == fields - {"workers"}
     off = helm.template({"workerRbac": {"enabled": True, "admissionPolicy": False}})
     assert off.of_kind("ValidatingAdmissionPolicy") == []
+
+
+def test_the_pod_status_policy_lets_a_worker_change_only_its_weights_ready_condition(helm: Helm) -> None:
+    """Not its podIP (which the operator and peers dial with their credentials), phase or any
+    other field, today's or a later Kubernetes's (the status is compared key by key, none
+    listed), nor another condition, nor its labels. The apiserver's verdicts on these
+    expressions: e2e/tests/test_worker_admission.py."""
+    rendered = helm.template({"workerRbac": {"enabled": True}})
+    spec = rendered.one("ValidatingAdmissionPolicy", "rel-ckpt-rollout-worker-pods-status")["spec"]
+    variables = {v["name"]: v["expression"] for v in spec["variables"]}
+    assert (variables["before"], variables["after"]) == ("dyn(oldObject.status)", "dyn(object.status)")
+    rules = {v["expression"]: v["messageExpression"] for v in spec["validations"]}
+    every_field = (
+        "variables.after.all(k, k == 'conditions' || (k in variables.before && "
+        "variables.before[k] == variables.after[k])) && variables.before.all(k, k == 'conditions' "
+        "|| k in variables.after)"
+    )
+    assert "no other status field" in rules[every_field]
+    others = f"filter(c, c.type != '{WEIGHTS_READY_CONDITION}')"
+    conditions = (
+        f"object.status.?conditions.orValue([]).{others} == oldObject.status.?conditions.orValue([]).{others}"
+    )
+    assert (
+        f"may change only its {WEIGHTS_READY_CONDITION} condition, not its other conditions"
+        in rules[conditions]
+    )
+    metadata = (
+        "object.metadata.?labels == oldObject.metadata.?labels && "
+        "object.metadata.?annotations == oldObject.metadata.?annotations"
+    )
+    assert metadata in rules
 
 
 def test_worker_network_policy_lets_only_the_operator_and_peers_reach_the_agent(helm: Helm) -> None:
