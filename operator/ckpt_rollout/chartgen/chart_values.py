@@ -290,7 +290,10 @@ class SourcePolicyValues(ApiModel):
             "Rules a CheckpointRollout's source.uri must match (--allowed-sources): "
             "scheme://host[:port][/path], host a name, *.domain, * or a CIDR; file:///path. Others "
             "are Stalled with reason InvalidSource. Empty: any source. Give the agents the same "
-            "list (their --allowed-sources): they also check every address a name resolves to.",
+            "list (their --allowed-sources): they also check every address a name resolves to, "
+            "and peers are sources too (add the pod network, e.g. https://10.0.0.0/8, or every "
+            "load reads the source). A name rule never reaches loopback or other special "
+            "addresses: only an address rule (a CIDR) does.",
         ),
     ] = []
     allow_link_local: Annotated[
