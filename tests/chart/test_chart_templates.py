@@ -465,7 +465,7 @@ def test_the_pod_status_policy_lets_a_worker_change_only_its_weights_ready_condi
     spec = rendered.one("ValidatingAdmissionPolicy", "rel-ckpt-rollout-worker-pods-status")["spec"]
     variables = {v["name"]: v["expression"] for v in spec["variables"]}
     assert (variables["before"], variables["after"]) == ("dyn(oldObject.status)", "dyn(object.status)")
-    rules = {v["expression"]: v["messageExpression"] for v in spec["validations"]}
+    rules = {v["expression"]: v.get("messageExpression", v.get("message")) for v in spec["validations"]}
     every_field = (
         "variables.after.all(k, k == 'conditions' || (k in variables.before && "
         "variables.before[k] == variables.after[k])) && variables.before.all(k, k == 'conditions' "
