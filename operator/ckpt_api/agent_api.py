@@ -192,6 +192,34 @@ class UpdateWeightsRequest(_Request):
     checks: LoadChecks | None = None
     # Absent: no smoke check after the apply (FastDeploy's own clients never send it).
     health_check: HealthCheckRequest | None = None
+    # Absent: only the agent's floor on bytes per second (--min-load-rate) bounds the load.
+    deadline_seconds: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            le=86400,
+            description="Fail the load (SourceUnreachable, previous weights serving) if its bytes are "
+            "not all in by then; applying them and the smoke check are not counted",
+        ),
+    ] = None
+
+
+class CancelLoadRequest(_Request):
+    """`POST /v1/cancel_load`: stop the running load (an empty body: whichever it is)."""
+
+    version: Annotated[
+        Version | None, Field(description="Cancel only a load of this version (409 if another runs)")
+    ] = None
+
+
+class LoadCancelled(_Response):
+    """200 of `/v1/cancel_load`: the load stopped (Cancelled; the previous weights serve)."""
+
+    version: Annotated[str, Field(description="The version whose load was cancelled")]
+    ended: Annotated[
+        bool, Field(description="The load had ended when this answer was sent (false: still stopping)")
+    ]
+    live_version: Annotated[str | None, Field(description="The version serving now")]
 
 
 class UpdateAccepted(_Response):

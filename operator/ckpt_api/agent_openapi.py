@@ -21,9 +21,11 @@ from ckpt_api.agent_api import (
     SYNC_TIMEOUT_STATUS,
     WEIGHTS_LOST_STATUS,
     AgentStatus,
+    CancelLoadRequest,
     ErrorBody,
     Health,
     InferResult,
+    LoadCancelled,
     PauseReply,
     UpdateAccepted,
     UpdateWeightsReply,
@@ -47,6 +49,8 @@ class Endpoint:
     summary: str
     responses: dict[int, tuple[str, Body]]
     request: type[BaseModel] | None = None
+    # False: the body may be left out (it then means `{}`).
+    request_required: bool = True
     public: bool = False
     parameters: list[dict[str, Any]] = field(default_factory=list)
 
@@ -110,6 +114,21 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         },
         request=UpdateWeightsRequest,
         parameters=[_PREFER_PARAM],
+    ),
+    Endpoint(
+        "post",
+        "/v1/cancel_load",
+        "Stop the running load (Cancelled): its reads are cut, the previous weights serve again and "
+        "the engine resumes; answered once it ended (up to 10 s)",
+        {
+            200: ("The load was cancelled", LoadCancelled),
+            400: ("The body is invalid; `field` names the culprit", ErrorBody),
+            404: ("No load is running (NotFound)", ErrorBody),
+            409: ("The load running is of another version than `version` (LoadInProgress)", ErrorBody),
+            413: ("The body is over 64 KiB", ErrorBody),
+        },
+        request=CancelLoadRequest,
+        request_required=False,
     ),
     Endpoint("post", "/v1/pause", "Pause the engine (held until /v1/resume)", _PAUSE),
     Endpoint("post", "/v1/resume", "Release the pause taken by /v1/pause", _PAUSE),
@@ -270,7 +289,7 @@ def _operation(endpoint: Endpoint) -> dict[str, Any]:
         operation["parameters"] = endpoint.parameters
     if endpoint.request is not None:
         operation["requestBody"] = {
-            "required": True,
+            "required": endpoint.request_required,
             "content": {_JSON: {"schema": {"$ref": _REF.format(model=endpoint.request.__name__)}}},
         }
     for code in sorted(responses):

@@ -241,6 +241,8 @@ async def build_agent(config: AgentConfig) -> Agent:
         source_policy=config.source_policy(),
         relay_credential=relay_credential(config),
         peer_tls=peer_tls(config),
+        min_load_rate=config.min_load_rate,
+        load_rate_window_s=config.load_rate_window,
     )
     app = create_app(
         service,

@@ -180,6 +180,8 @@ def config_from_args(args: argparse.Namespace, env: dict[str, str] | None = None
         # FastDeploy reads FD_API_KEY as comma-separated keys and accepts any; one is enough.
         fastdeploy_api_key=environ.get("FD_API_KEY", "").split(",")[0].strip() or None,
         sync_update_timeout=_or_default(args.sync_update_timeout, "sync_update_timeout"),
+        min_load_rate=_or_default(args.min_load_rate, "min_load_rate"),
+        load_rate_window=_or_default(args.load_rate_window, "load_rate_window"),
         connections=_connection_limits(args),
         auth=AuthConfig(
             token_file=Path(args.auth_token_file) if args.auth_token_file else None,
@@ -368,6 +370,20 @@ def _add_agent_parser(sub: SubParsers) -> None:
         type=float,
         help="seconds a synchronous update_weights (no rollout, no Prefer: respond-async) waits for "
         "its load (default 600, FastDeploy's own wait); the load goes on after",
+    )
+    p.add_argument(
+        "--min-load-rate",
+        type=float,
+        help="bytes per second a load must average over --load-rate-window, or it fails "
+        "(SourceUnreachable; the previous weights serve, the engine resumes); a peer that slow is "
+        "dropped for the source first. Per-read timeouts never catch a source that trickles "
+        "(default 1048576; 0: off)",
+    )
+    p.add_argument(
+        "--load-rate-window",
+        type=float,
+        help="seconds over which --min-load-rate is judged, and the grace a load gets before it is "
+        "first judged (default 30)",
     )
     p.add_argument(
         "--idle-timeout",

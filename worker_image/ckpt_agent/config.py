@@ -17,6 +17,7 @@ from ckpt_agent.pipeline.loader import ApplyMode
 from ckpt_agent.pipeline.reader import DEFAULT_CHUNK_BYTES
 from ckpt_agent.server.control_api import DEFAULT_SYNC_TIMEOUT_S
 from ckpt_agent.server.httpserver import ConnectionLimits
+from ckpt_agent.service.load_watch import DEFAULT_LOAD_RATE_WINDOW_S, DEFAULT_MIN_LOAD_RATE
 from ckpt_api.constants import DEFAULT_AGENT_METRICS_PORT, DEFAULT_AGENT_PORT
 from ckpt_api.source_policy import SourcePolicy
 
@@ -132,6 +133,11 @@ class AgentConfig:
     fastdeploy_api_key: str | None = field(default=None, repr=False)
     # How long a synchronous update_weights (a FastDeploy client's) waits for its load.
     sync_update_timeout: float = DEFAULT_SYNC_TIMEOUT_S
+    # A load that moves fewer bytes per second than this over a window fails (SourceUnreachable,
+    # the previous weights serving; a slow peer is dropped for the source first): per-read
+    # timeouts never catch a source that trickles (see ckpt_agent.service.load_watch). 0: off.
+    min_load_rate: float = DEFAULT_MIN_LOAD_RATE
+    load_rate_window: float = DEFAULT_LOAD_RATE_WINDOW_S
     # Idle/header-read timeout and connection cap of both ports (see ConnectionLimits).
     connections: ConnectionLimits = field(default_factory=ConnectionLimits)
     # Peer relay: keep the verified copy of the live version and serve it to peers (http);
@@ -167,6 +173,8 @@ class AgentConfig:
         self._check_relay_token()
         if self.connections.idle_timeout_s <= 0 or self.connections.max_connections < 1:
             raise ConfigError("--idle-timeout and --max-connections must be positive")
+        if self.min_load_rate < 0 or self.load_rate_window <= 0:
+            raise ConfigError("--min-load-rate must be 0 (off) or more, --load-rate-window positive")
         try:
             self.source_policy()
         except ValueError as exc:

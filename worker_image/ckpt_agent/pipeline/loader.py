@@ -44,6 +44,7 @@ from ckpt_agent.pipeline.reader import (
 from ckpt_agent.pipeline.relay_copy import ReadTensor, RelayCopy
 from ckpt_agent.pipeline.staging import StagingArea
 from ckpt_agent.transport import Transport, open_transport
+from ckpt_agent.transport.abort import LOAD_ABORT
 
 log = logging.getLogger(__name__)
 
@@ -249,6 +250,9 @@ class InProcessLoader:
 
     def _reload(self, previous: LiveWeights) -> None:
         assert previous.source_uri is not None
+        # Run in a thread of its own context: the abort that stopped the load must not stop the
+        # restore that undoes it.
+        LOAD_ABORT.set(None)
         transport = open_transport(previous.source_uri)
         try:
             manifest, _ = fetch_manifest(

@@ -206,9 +206,14 @@ def read_extra_files(
     return files
 
 
+# What a load stopped at a cancel check says; the agent puts its own reason in its place when it
+# stopped the load for another (its deadline, POST /v1/cancel_load).
+CANCELLED_MESSAGE = "load cancelled: the agent is shutting down"
+
+
 def _check_cancel(cancelled: Callable[[], bool]) -> None:
     if cancelled():
-        raise LoadError(Reason.CANCELLED, "load cancelled: the agent is shutting down")
+        raise LoadError(Reason.CANCELLED, CANCELLED_MESSAGE)
 
 
 def _skip(stream: ByteStream, nbytes: int, scratch: bytearray) -> None:

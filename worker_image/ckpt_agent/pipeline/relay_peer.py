@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from ckpt_agent.common.errors import LoadError, Reason
 from ckpt_agent.formats.manifest import DEFAULT_MAX_MANIFEST_BYTES
 from ckpt_agent.transport import ByteStream, Transport
+from ckpt_agent.transport.abort import PEER
 from ckpt_agent.transport.base import RegistersBuffers
 from ckpt_agent.transport.guard import SOURCE_POLICY, check_source
 from ckpt_api.agent_api import check_peer_uri
@@ -79,6 +80,7 @@ def open_peer_transport(uri: str, bearer: str | None) -> Transport:
         timeout=PEER_STALL_S,
         policy=policy,
         checked_as=uri,
+        abort_scope=PEER,
     )
 
 

@@ -16,7 +16,12 @@ from ckpt_agent.pipeline.relay_export import RelayExporter
 from ckpt_agent.server import control_api
 from ckpt_agent.server.auth import Authenticator, auth_middleware
 from ckpt_agent.server.relay_routes import add_relay_routes
-from ckpt_agent.server.update_request import RolloutRef, parse_rollout, parse_update_request
+from ckpt_agent.server.update_request import (
+    RolloutRef,
+    parse_cancel_request,
+    parse_rollout,
+    parse_update_request,
+)
 from ckpt_agent.service.service import AgentService
 from ckpt_api.agent_api import ErrorBody, Health, InferResult, PauseState
 from ckpt_api.agent_openapi import OPENAPI_PATH, openapi_document
@@ -90,6 +95,14 @@ async def update_weights(request: web.Request) -> web.Response:
         reply = service.request_update(req)
         return control_api.async_reply(reply, control_api.prefers_async(request.headers))
     return await control_api.update_synchronously(service, req, request.app[SYNC_TIMEOUT])
+
+
+async def cancel_load(request: web.Request) -> web.Response:
+    """Stop the running load: what an operator calls when it gives up on a worker (its wave
+    aborted or timed out), so that the old weights serve and the agent takes the next call."""
+    req = parse_cancel_request(await _json_body(request))
+    status, body = await request.app[SERVICE].cancel_load(req.version)
+    return web.json_response(body.to_wire(), status=status)
 
 
 def _version_and_rollout(body: object) -> tuple[object, RolloutRef | None]:
@@ -203,6 +216,7 @@ def create_app(
     app[SERVICE] = service
     app[SYNC_TIMEOUT] = sync_timeout_s
     app.router.add_post("/v1/update_weights", update_weights)
+    app.router.add_post("/v1/cancel_load", cancel_load)
     app.router.add_post("/v1/pause", pause)
     app.router.add_post("/v1/resume", resume)
     app.router.add_get("/v1/is_paused", is_paused)

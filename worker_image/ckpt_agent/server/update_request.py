@@ -11,10 +11,17 @@ from pydantic_core import ErrorDetails
 
 from ckpt_agent.common.errors import RequestError
 from ckpt_agent.transport import check_uri
-from ckpt_api.agent_api import RolloutRef, UpdateWeightsRequest
+from ckpt_api.agent_api import CancelLoadRequest, RolloutRef, UpdateWeightsRequest
 from ckpt_api.vocabulary import ErrorCode
 
-__all__ = ["RolloutRef", "UpdateWeightsRequest", "parse_rollout", "parse_update_request"]
+__all__ = [
+    "CancelLoadRequest",
+    "RolloutRef",
+    "UpdateWeightsRequest",
+    "parse_cancel_request",
+    "parse_rollout",
+    "parse_update_request",
+]
 
 # When a body is wrong in several places, the field reported is the first of these: a bad version
 # is reported to the CR as a failed update (InvalidVersion), which is only right when the rest of
@@ -90,3 +97,11 @@ def parse_update_request(body: Any) -> UpdateWeightsRequest:
         except ValueError as exc:
             raise RequestError(f"source.uri: {exc}", field="source.uri") from None
     return req
+
+
+def parse_cancel_request(body: Any) -> CancelLoadRequest:
+    """A `POST /v1/cancel_load` body (empty: {}), every failure a 400 naming the field."""
+    try:
+        return CancelLoadRequest.model_validate(body)
+    except ValidationError as exc:
+        raise request_error(exc) from None

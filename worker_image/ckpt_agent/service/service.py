@@ -16,12 +16,20 @@ from ckpt_agent.common.errors import LoadError, Reason, RequestError
 from ckpt_agent.common.metrics import PEER, SOURCE, AgentMetrics
 from ckpt_agent.engines.base import Engine, LiveWeights, LoadJob, LoadOutcome
 from ckpt_agent.pipeline.pause_gate import CHECK, LOAD, USER, WEIGHTS_LOST, PauseGate
-from ckpt_agent.pipeline.reader import LoadProgress
+from ckpt_agent.pipeline.reader import CANCELLED_MESSAGE, LoadProgress
 from ckpt_agent.pipeline.relay_copy import RelayCopy
 from ckpt_agent.pipeline.relay_peer import PEER_TLS, PeerTLS, is_peer_fault
 from ckpt_agent.pipeline.smoke import CheckResult, outcome_of, run_check
+from ckpt_agent.service.load_watch import (
+    DEFAULT_LOAD_RATE_WINDOW_S,
+    DEFAULT_MIN_LOAD_RATE,
+    ThroughputFloor,
+    describe_deadline,
+)
 from ckpt_agent.service.report import rfc3339, worker_entry
 from ckpt_agent.service.reporting import StatusReporter
+from ckpt_agent.transport import abort as load_abort
+from ckpt_agent.transport.abort import LOAD_ABORT, LoadAbort
 from ckpt_agent.transport.guard import SOURCE_POLICY
 from ckpt_api.agent_api import (
     AgentStatus,
@@ -29,6 +37,7 @@ from ckpt_api.agent_api import (
     HealthCheckResult,
     LastError,
     LastLoad,
+    LoadCancelled,
     RelayState,
     RolloutRef,
     UpdateAccepted,
@@ -48,6 +57,9 @@ from ckpt_api.vocabulary import (
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_SECONDS = 30.0
+# How long POST /v1/cancel_load waits for the load it stopped to end (the engine resumed, or the
+# previous version restored), so that its answer can say the agent is free.
+CANCEL_WAIT_SECONDS = 10.0
 # The token a load presents to the peer it pulls from, given the request's own (None: no auth,
 # none needed); raises NoRelayToken when this agent has none to present.
 # This agent's own credential for peers' relays (None: it presents none). It is given nothing:
@@ -97,8 +109,17 @@ class AgentService:
         source_policy: SourcePolicy | None = None,
         relay_credential: RelayCredential = lambda: None,
         peer_tls: PeerTLS | None = None,
+        min_load_rate: float = DEFAULT_MIN_LOAD_RATE,
+        load_rate_window_s: float = DEFAULT_LOAD_RATE_WINDOW_S,
     ) -> None:
         self.engine = engine
+        self._min_load_rate = min_load_rate
+        self._load_rate_window_s = load_rate_window_s
+        # The current load's: what wakes its blocked reads, why it was stopped (None: it was
+        # not), and whether its attempt reads a peer.
+        self._abort = LoadAbort()
+        self._stopped: LoadError | None = None
+        self._on_peer = False
         self.peer_tls = peer_tls or PeerTLS()
         self.source_policy = source_policy or SourcePolicy()
         self._relay_credential = relay_credential
@@ -149,8 +170,7 @@ class AgentService:
 
     async def close(self) -> None:
         if self._task is not None and not self._task.done():
-            assert self._job is not None
-            self._job.cancel.set()
+            self._stop(LoadError(Reason.CANCELLED, CANCELLED_MESSAGE))
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), SHUTDOWN_GRACE_SECONDS)
             except TimeoutError:
@@ -242,6 +262,34 @@ class AgentService:
     async def resume(self) -> None:
         await self.gate.release(USER)
 
+    async def cancel_load(self, version: str | None) -> tuple[int, LoadCancelled | ErrorBody]:
+        """Stop the running load (only if it loads `version`, when given: a caller must never
+        stop a newer load it did not mean); answers once it ended, or after CANCEL_WAIT_SECONDS."""
+        task, target = self._task, self.target
+        if task is None or task.done() or target is None:
+            return 404, ErrorBody(error=ErrorCode.NOT_FOUND, message="no load is running; nothing cancelled")
+        if version is not None and version != target:
+            return 409, ErrorBody(
+                error=ErrorCode.LOAD_IN_PROGRESS,
+                message=f"the load running is of {target}, not {version}; nothing cancelled",
+                target=target,
+            )
+        log.warning("cancelling the load of %s (POST /v1/cancel_load)", target)
+        self._stop(LoadError(Reason.CANCELLED, f"load of {target} cancelled (POST /v1/cancel_load)"))
+        done, _ = await asyncio.wait({task}, timeout=CANCEL_WAIT_SECONDS)
+        live = self.live.version if self.live else None
+        return 200, LoadCancelled(version=target, ended=bool(done), live_version=live)
+
+    def _stop(self, error: LoadError) -> None:
+        """Stop the running load with `error`: its reads are woken, its loops stop at their next
+        cancel check, and (unless it already changed the weights past undoing) the previous
+        weights serve again, the engine resumed."""
+        if self._stopped is None:
+            self._stopped = error
+        if self._job is not None:
+            self._job.cancel.set()
+        self._abort.abort(error)
+
     # -- loads ---------------------------------------------------------------------------------
     def _withdraw_relay(self) -> None:
         relay, self.relay = self.relay, None
@@ -311,16 +359,23 @@ class AgentService:
         self._standing = self.relay
         self.gate.before_acquire(LOAD, self._retire_standing)
         self._job = job
+        self._abort, self._stopped = LoadAbort(), None
         self.state = AgentState.LOADING
         self.target = req.version
         self.progress = LoadProgress()
-        self._task = asyncio.create_task(self._run(job, req.rollout), name=f"load-{req.version}")
+        self._task = asyncio.create_task(
+            self._run(job, req.rollout, req.deadline_seconds), name=f"load-{req.version}"
+        )
         return self._task
 
-    async def _run(self, job: LoadJob, rollout: RolloutRef | None) -> LoadEnd:
+    async def _run(
+        self, job: LoadJob, rollout: RolloutRef | None, deadline_s: float | None = None
+    ) -> LoadEnd:
         started = time.monotonic()
         SOURCE_POLICY.set(self.source_policy)  # this load's task and the threads it starts
         PEER_TLS.set(self.peer_tls)
+        LOAD_ABORT.set(self._abort)
+        watch = asyncio.create_task(self._watch(job, deadline_s), name=f"watch-{job.version}")
         self.gate.held_seconds.pop(LOAD, None)
         self.metrics.load_in_progress.set(1)
         self.reporter.weights_ready(False, WeightsReadyReason.LOADING, f"loading {job.version}")
@@ -334,7 +389,7 @@ class AgentService:
                 outcome = await self._load(job, rollout.name if rollout else None)
                 await self._smoke(job, outcome)
         except Exception as exc:
-            error = (
+            error = self._why_stopped(
                 exc if isinstance(exc, LoadError) else LoadError(Reason.ENGINE_ERROR, f"load failed: {exc!r}")
             )
             if not isinstance(exc, LoadError):
@@ -382,12 +437,58 @@ class AgentService:
             self._ready(f"serving {job.version}")
             return self._end(job, None, seconds, outcome.bytes, outcome.checksum_verified)
         finally:
+            watch.cancel()
             self.gate.before_acquire(LOAD, None)
             if self._standing is not self.relay:
                 self._retire_standing()  # replaced by this load's copy, or not to be trusted
             self._standing = None
             self.target = None
             self.metrics.load_in_progress.set(0)
+
+    def _why_stopped(self, error: LoadError) -> LoadError:
+        """A load's loops stop at a cancel check with the shutdown's words: put the reason the
+        load was stopped for in their place."""
+        stopped = self._stopped
+        if stopped is None or error.reason != Reason.CANCELLED or stopped is error:
+            return error
+        message = error.message.replace(CANCELLED_MESSAGE, stopped.message)
+        return LoadError(stopped.reason, message, tensor=error.tensor, weights_lost=error.weights_lost)
+
+    async def _watch(self, job: LoadJob, deadline_s: float | None) -> None:
+        """Stop the load once it passes its deadline, or moves bytes slower than the floor
+        (service.load_watch): a slow peer is dropped first (the load goes on from the source),
+        a slow source stops the load."""
+        if getattr(self.engine, "pulls_weights_itself", False):
+            return  # the agent moves no bytes: the engine's own timeout bounds its load
+        started = time.monotonic()
+        rule = ThroughputFloor(self._min_load_rate, self._load_rate_window_s)
+        progress, peer_dropped = self.progress, False
+        rule.restart(started, progress.bytes_done)
+        tick = min(1.0, self._load_rate_window_s / 4)
+        while True:
+            await asyncio.sleep(tick)
+            now = time.monotonic()
+            if self.progress is not progress:  # a new attempt (the source after the peer): from zero
+                progress = self.progress
+                rule.restart(now, progress.bytes_done)
+            if progress.bytes_total and progress.bytes_done >= progress.bytes_total:
+                # Every byte is in: applying them (or loading the previous version back after a
+                # failed smoke check) is local work, never to be cut short.
+                continue
+            if deadline_s is not None and now - started > deadline_s:
+                self._stop(LoadError(Reason.SOURCE_UNREACHABLE, describe_deadline(job.version, deadline_s)))
+                return
+            slow = rule.too_slow(now, progress.bytes_done)
+            if slow is None:
+                continue
+            if self._on_peer and progress.fallback_reason is None and not peer_dropped:
+                log.warning("peer %s too slow loading %s (%s): dropping it", job.peer, job.version, slow)
+                self._abort.abort(LoadError(Reason.SOURCE_UNREACHABLE, f"too slow: {slow}"), load_abort.PEER)
+                peer_dropped = True
+                rule.restart(now, progress.bytes_done)
+                continue
+            self._stop(LoadError(Reason.SOURCE_UNREACHABLE, f"the load of {job.version} is too slow: {slow}"))
+            return
 
     @asynccontextmanager
     async def _traffic_held_until_checked(self, job: LoadJob) -> AsyncIterator[None]:
@@ -490,6 +591,7 @@ class AgentService:
     async def _attempt(self, job: LoadJob, rollout: str | None) -> LoadOutcome:
         # Each attempt from zero, counted by origin: a failing peer's bytes cost bandwidth too.
         source = self.metrics.pulled(rollout, SOURCE)
+        self._on_peer = job.peer is not None
         self.progress = _CountedProgress(
             counter=self.metrics.pulled(rollout, PEER) if job.peer else source, after_fallback=source
         )

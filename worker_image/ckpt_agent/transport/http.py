@@ -12,10 +12,12 @@ import json
 import re
 import socket
 import ssl
+from collections.abc import Callable
 from urllib.parse import quote, urlsplit
 
 from ckpt_agent.common.errors import LoadError, Reason
 from ckpt_agent.formats.manifest import MANIFEST_NAME
+from ckpt_agent.transport.abort import LOAD_ABORT, SOURCE, LoadAbort
 from ckpt_agent.transport.base import ByteStream, EmptyStream
 from ckpt_agent.transport.guard import guard
 from ckpt_api.source_policy import SourcePolicy
@@ -24,10 +26,17 @@ _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 
 
 class _HttpStream:
-    def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, name: str) -> None:
+    def __init__(
+        self,
+        conn: http.client.HTTPConnection,
+        resp: http.client.HTTPResponse,
+        name: str,
+        aborted: Callable[[], LoadError | None],
+    ) -> None:
         self._conn = conn
         self._resp = resp
         self._name = name
+        self._aborted = aborted
 
     def readinto(self, buf: memoryview) -> None:
         done, want = 0, buf.nbytes
@@ -37,9 +46,14 @@ class _HttpStream:
             except http.client.IncompleteRead:
                 n = 0
             except (OSError, http.client.HTTPException) as exc:
-                raise LoadError(Reason.SOURCE_UNREACHABLE, f"reading {self._name}: {exc}") from None
+                raise self._aborted() or LoadError(
+                    Reason.SOURCE_UNREACHABLE, f"reading {self._name}: {exc}"
+                ) from None
             if n == 0:
-                raise LoadError(Reason.TRUNCATED_SHARD, f"{self._name}: the source closed the stream early")
+                # An aborted load's socket was shut down under the read: say why, not "closed".
+                raise self._aborted() or LoadError(
+                    Reason.TRUNCATED_SHARD, f"{self._name}: the source closed the stream early"
+                )
             done += n
 
     def close(self) -> None:
@@ -72,11 +86,14 @@ class HttpTransport:
         tls: ssl.SSLContext | None = None,
         server_name: str | None = None,
         checked_as: str | None = None,
+        abort_scope: str = SOURCE,
     ) -> None:
         """`policy`: the addresses it may connect to (a source's or a peer's), judged for the
         URI `checked_as` (default `uri`; a peer's or a mooncake endpoint's own URI, not the
         HTTP path under it). `tls`: what an https server's certificate must chain to (default:
-        the system's CAs); `server_name`: the name it must carry (default: the URL's host)."""
+        the system's CAs); `server_name`: the name it must carry (default: the URL's host).
+        Created by a load, its connections are woken when the load aborts `abort_scope`
+        (transport.abort)."""
         parts = urlsplit(uri)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URI: {uri!r}")
@@ -92,6 +109,11 @@ class HttpTransport:
         self._checked_as = checked_as or uri
         self._tls = tls
         self._server_name = server_name
+        self._abort: LoadAbort | None = LOAD_ABORT.get()
+        self._abort_scope = abort_scope
+
+    def _aborted(self) -> LoadError | None:
+        return None if self._abort is None else self._abort.error(self._abort_scope)
 
     def _connection(self) -> http.client.HTTPConnection:
         if not self._https:
@@ -111,12 +133,20 @@ class HttpTransport:
         conn = self._connection()
         if self._policy is not None:
             guard(conn, self._checked_as, self._policy)
+        if self._abort is not None:
+            self._abort.watch(conn, self._abort_scope)
         try:
             conn.request("GET", self._base + path, headers={**self._auth, **headers})
-            return conn, conn.getresponse()
+            resp = conn.getresponse()
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
-            raise LoadError(Reason.SOURCE_UNREACHABLE, f"{self.uri}: {exc}") from None
+            raise self._aborted() or LoadError(Reason.SOURCE_UNREACHABLE, f"{self.uri}: {exc}") from None
+        aborted = self._aborted()
+        if aborted is not None:
+            # Aborted while connecting, before there was a socket to shut down.
+            conn.close()
+            raise aborted
+        return conn, resp
 
     def fetch_manifest(self, version: str, max_bytes: int) -> bytes:
         conn, resp = self._request(f"/{quote(version)}/{MANIFEST_NAME}", {})
@@ -137,13 +167,18 @@ class HttpTransport:
                     Reason.MANIFEST_TOO_LARGE, f"manifest of {version} is {length} bytes, cap {max_bytes}"
                 )
             raw = resp.read(max_bytes + 1)
+            aborted = self._aborted()
+            if aborted is not None:
+                raise aborted  # the read ended early because the load was aborted
             if len(raw) > max_bytes:
                 raise LoadError(
                     Reason.MANIFEST_TOO_LARGE, f"manifest of {version} exceeds the {max_bytes}-byte cap"
                 )
             return raw
         except (OSError, http.client.HTTPException) as exc:
-            raise LoadError(Reason.SOURCE_UNREACHABLE, f"reading manifest from {self.uri}: {exc}") from None
+            raise self._aborted() or LoadError(
+                Reason.SOURCE_UNREACHABLE, f"reading manifest from {self.uri}: {exc}"
+            ) from None
         finally:
             conn.close()
 
@@ -159,7 +194,7 @@ class HttpTransport:
         # Big receive buffers matter for loopback and LAN throughput; the kernel caps the value.
         if conn.sock is not None:
             conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-        return _HttpStream(conn, resp, file)
+        return _HttpStream(conn, resp, file, self._aborted)
 
     def ready(self, version: str, file: str, start: int, end: int) -> tuple[bool, bool]:
         """A relaying agent's `?ready=` answer for bytes [start, end) of `file`: (every tensor
