@@ -133,7 +133,8 @@ async def test_a_trickling_source_fails_the_load_and_v1_serves_again(
 
     error = status["last_error"]
     assert (error["version"], error["reason"]) == ("v2", "SourceUnreachable"), error
-    assert "too slow" in error["message"] and "--min-load-rate" in error["message"], error
+    assert "too slow" in error["message"], error
+    assert "--min-load-rate" in error["message"], error
     assert (status["version"], status["weights_lost"]) == ("v1", False), status
     await _serves_v1_and_takes_v3(client, tree, fast)
 
@@ -153,7 +154,8 @@ async def test_a_trickling_peer_is_dropped_for_the_source(
 
         assert (status["version"], status["last_error"]) == ("v2", None), status
         last = status["last_load"]
-        assert last["peer"] == peer_url and peer.ranges_served > 0, last
+        assert last["peer"] == peer_url, last
+        assert peer.ranges_served > 0  # the peer was read, and dropped
         assert "too slow" in (last["fallback_reason"] or ""), last
         assert last["bytes_from_source"] > 0, last
         assert close_to(await client.infer(), tree.expected("v2"))
