@@ -582,3 +582,12 @@ def test_removing_worker_entries_ignores_those_not_there() -> None:
     d = Draft(rollout(progressing(workers={CANARY: entry("v2", "Failed")})), Memory(), TUNING, NOW)
     d.set_workers({"gone": None, CANARY: None})
     assert d.status.workers == {}
+
+
+def test_every_call_bounds_the_agents_load_by_the_worker_timeout() -> None:
+    """The agent stops moving bytes when the operator would give the worker up (#32 item 5), on
+    a wave's call and a rollback's alike."""
+    due = rollout(progressing(wave(0, [CANARY], called=[])), spec={"timeouts": {"workerSeconds": 90}})
+    (call,) = decide(due, Memory(), TUNING, NOW).calls
+    assert call.request.deadline_seconds == 90
+    assert call.request.to_wire()["deadline_seconds"] == 90

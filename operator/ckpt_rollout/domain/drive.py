@@ -240,6 +240,9 @@ def request(
         # A rollback returns to weights that served already: no gate may refuse it.
         checks=LoadChecks(finite=True) if spec.checks.finite and not rollback else None,
         health_check=health_check_request(spec.strategy.health_check) if not rollback else None,
+        # Past the worker timeout the operator has given the worker up: the agent stops moving
+        # bytes by then too, so it is free (old weights serving) for what comes next.
+        deadline_seconds=spec.timeouts.worker_seconds,
     )
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from ckpt_api.vocabulary import ConditionStatus, ErrorCode, PodPhase, WorkerReason
+from ckpt_api.vocabulary import ConditionStatus, ErrorCode, EventType, PodPhase, WorkerReason
 
 # An agent's trouble is shown once it has lasted this long: an agent that is still starting
 # answers nothing for a moment, which is no news.
@@ -198,7 +198,7 @@ def _creating_warning(warnings: Sequence[dict[str, Any]]) -> tuple[str, str] | N
     newest: tuple[str, str, str] | None = None  # (when, reason, message)
     for event in warnings:
         reason = event.get("reason") or ""
-        if event.get("type") != "Warning" or reason not in _CREATING_WARNINGS:
+        if event.get("type") != EventType.WARNING or reason not in _CREATING_WARNINGS:
             continue
         # lastTimestamp is RFC 3339 to the second and eventTime to the microsecond: both sort as text.
         when = str(event.get("lastTimestamp") or event.get("eventTime") or event.get("firstTimestamp") or "")
