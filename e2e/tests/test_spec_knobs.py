@@ -37,7 +37,9 @@ NAME = "fleet"
 ENDED = {"Succeeded", "Failed", "RolledBack"}
 SMALL = ("v1", "v2", "v3")
 AGENT_TIMEOUT_S = 3  # the harness's --agent-timeout (OperatorProcess)
-WORKER_S = 6  # timeouts.workerSeconds of the hung workers' rollouts
+# timeouts.workerSeconds of the hung workers' rollouts: past the 10 s a healthy worker waits on
+# a silent relay peer (a hung one) before it reads the source instead.
+WORKER_S = 15
 HUNG_TIMEOUTS = {"workerSeconds": WORKER_S, "progressDeadlineSeconds": 300}
 PAUSE_S = 6
 

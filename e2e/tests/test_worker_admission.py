@@ -134,20 +134,25 @@ def _own_pod_beyond_weights_ready_is_refused(
     dial with their credentials), its phase, another condition, a label."""
     core = client.CoreV1Api(worker)
 
-    def patch(body: dict[str, Any]) -> Callable[[], object]:
+    def patch(body: dict[str, Any] | list[dict[str, Any]]) -> Callable[[], object]:
+        # A list is a JSON patch: a strategic merge would add to podIPs (merged by ip), which the
+        # apiserver's own validation refuses before any policy sees the write.
         return lambda: core.patch_namespaced_pod_status(mine.name, namespace, body)
 
+    before = client.CoreV1Api(admin).read_namespaced_pod_status(mine.name, namespace)
     weights_ready = "rollout.ckpt.dev/WeightsReady"
-    for status in [
-        {"podIP": "10.99.0.1", "podIPs": [{"ip": "10.99.0.1"}]},
-        {"phase": "Running"},
-    ]:
-        refused = _refusal(patch({"status": status}))
-        assert refused is not None, status
+    moved_ip: list[dict[str, Any]] = [
+        {"op": "replace", "path": "/status/podIP", "value": "10.99.0.1"},
+        {"op": "replace", "path": "/status/podIPs", "value": [{"ip": "10.99.0.1"}]},
+    ]
+    for body in [moved_ip, {"status": {"phase": "Failed"}}]:
+        refused = _refusal(patch(body))
+        assert refused is not None, body
         assert (
             f"pod {mine.name} may change only its {weights_ready} condition, no other status field" in refused
         )
-    ready = {"type": "Ready", "status": "True"}
+    # A condition of another type than WeightsReady (Ready may already say what a patch would).
+    ready = {"type": "ckpt.test/Other", "status": "True"}
     other = _refusal(patch({"status": {"conditions": [ready]}}))
     assert other is not None
     assert f"may change only its {weights_ready} condition, not its other conditions" in other
@@ -155,7 +160,7 @@ def _own_pod_beyond_weights_ready_is_refused(
     if label is not None:  # the apiserver may drop metadata changes on pods/status by itself
         assert "may not change its labels or annotations" in label
     pod = client.CoreV1Api(admin).read_namespaced_pod_status(mine.name, namespace)
-    assert pod.status.pod_ip is None
-    assert pod.metadata.labels == {"app": "admission"}
+    assert (pod.status.pod_ip, pod.status.phase) == (before.status.pod_ip, before.status.phase)
+    assert pod.metadata.labels == before.metadata.labels
     condition = {"type": weights_ready, "status": "False", "reason": "Loading"}
     assert _refusal(patch({"status": {"conditions": [condition]}})) is None, "its own condition, again"
