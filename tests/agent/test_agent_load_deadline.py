@@ -31,7 +31,7 @@ TRICKLE_BYTES = 1
 TRICKLE_EVERY_S = 0.05
 
 
-class TrickleServer:
+class TrickleServer(AppServer):
     """Serves a published tree as `ckpt-rollout serve` (under `prefix`: `/v1/relay` makes it look
     like a peer's relay), manifests whole and shard bytes a byte at a time."""
 
@@ -40,18 +40,7 @@ class TrickleServer:
         self.ranges_served = 0
         app = web.Application()
         app.router.add_get(prefix + "/{version}/{file}", self._file)
-        self._server = AppServer(app, "127.0.0.1", 0)
-
-    async def start(self) -> str:
-        await self._server.start()
-        return self._server.url
-
-    @property
-    def url(self) -> str:
-        return self._server.url
-
-    async def stop(self) -> None:
-        await self._server.stop()
+        super().__init__(app, "127.0.0.1", 0)
 
     async def _file(self, request: web.Request) -> web.StreamResponse:
         path = self.root / request.match_info["version"] / request.match_info["file"]
@@ -144,7 +133,8 @@ async def test_a_trickling_peer_is_dropped_for_the_source(
 ) -> None:
     fast = await source_server(tree.root)
     peer = TrickleServer(tree.root, prefix="/v1/relay")
-    peer_url = await peer.start()
+    await peer.start()
+    peer_url = peer.url
     try:
         client = await _serving_v1(agent_factory, fast)
         code, body = await client.update("v2", source={"uri": fast, "peer": peer_url})

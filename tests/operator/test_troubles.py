@@ -11,6 +11,7 @@ from ckpt_rollout.domain.troubles import (
     CREATING_GRACE_S,
     EVENTS_GRACE_S,
     NoAnswer,
+    Trouble,
     answer_trouble,
     pod_trouble,
     wants_events,
@@ -158,13 +159,18 @@ def test_a_pod_that_cannot_start_says_why(
     pod: tuple[dict[str, Any], float], expected: tuple[str, str] | None
 ) -> None:
     obj, created = pod
-    trouble = pod_trouble(obj, NOW, created)
+    _is_like(pod_trouble(obj, NOW, created), expected)
+
+
+def _is_like(trouble: Trouble | None, expected: tuple[str, str] | None) -> None:
+    """``trouble`` has the expected reason and words in its message, or is None as expected."""
     if expected is None:
         assert trouble is None
         return
     assert trouble is not None
     assert trouble.reason == expected[0]
     assert expected[1] in trouble.message
+    assert len(trouble.message) < 400
 
 
 def _event(reason: str, message: str, at: str, type_: str = "Warning") -> dict[str, Any]:
@@ -220,14 +226,7 @@ def test_a_pod_whose_containers_wait_names_the_warning_that_holds_them(
     age: float, warnings: list[dict[str, Any]], expected: tuple[str, str] | None
 ) -> None:
     obj, created = _pod(age=age, **CREATING)
-    trouble = pod_trouble(obj, NOW, created, warnings)
-    if expected is None:
-        assert trouble is None
-        return
-    assert trouble is not None
-    assert trouble.reason == expected[0]
-    assert expected[1] in trouble.message
-    assert len(trouble.message) < 400
+    _is_like(pod_trouble(obj, NOW, created, warnings), expected)
 
 
 @pytest.mark.parametrize(
