@@ -45,11 +45,19 @@ async def test_a_pod_waiting_to_start_is_kept_only_in_what_tells_why() -> None:
         "containers": [{"name": "agent", "image": "x", "env": [{"name": "A", "value": "b" * 1000}]}]
     }
     pod["metadata"]["managedFields"] = [{"manager": "kube-controller-manager"}]
+    # Its age (a container creating too long) and uid (its Warning events are listed by it).
+    pod["metadata"].update(uid="uid-p", creationTimestamp="2026-12-02T10:00:00Z")
     cache = PodCache(client.ApiClient(), ["rl"])
     cache.apply("ADDED", pod)
     (kept,) = cache.waiting("rl")
     assert kept == {
-        "metadata": {"name": "p", "namespace": "rl", "labels": {"app": "w"}},
+        "metadata": {
+            "name": "p",
+            "namespace": "rl",
+            "uid": "uid-p",
+            "labels": {"app": "w"},
+            "creationTimestamp": "2026-12-02T10:00:00Z",
+        },
         "status": pod["status"],
     }
 

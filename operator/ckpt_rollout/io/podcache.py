@@ -43,9 +43,10 @@ def _startup(obj: dict[str, Any]) -> tuple[object, ...]:
 
 def startup_view(obj: dict[str, Any]) -> dict[str, Any]:
     """Of a pod not Running yet, what says whether and why it cannot start (what
-    ckpt_rollout.domain.troubles.pod_trouble reads): many pods may wait at once."""
+    ckpt_rollout.domain.troubles.pod_trouble reads, and the uid its events are read by): many
+    pods may wait at once."""
     meta, status = obj.get("metadata") or {}, obj.get("status") or {}
-    kept_meta = ("name", "namespace", "labels", "creationTimestamp", "deletionTimestamp")
+    kept_meta = ("name", "namespace", "uid", "labels", "creationTimestamp", "deletionTimestamp")
     kept_status = ("phase", "reason", "message", "conditions", "initContainerStatuses", "containerStatuses")
     return {
         "metadata": {k: meta[k] for k in kept_meta if k in meta},
