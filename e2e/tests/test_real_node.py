@@ -282,6 +282,13 @@ def test_worker_pods_that_cannot_start_are_named_with_the_kubelets_cause_within_
     # An image the node does not hold, never to be pulled: the kubelet says so in the container's
     # state at once (no registry is reachable from here to fail a pull against).
     unpullable = real_node_deployment("unpullable", 1, labels, [], image="localhost/ckpt-worker:missing")
+    # Without its Secret volumes: the kubelet mounts volumes before it looks for the image, so a
+    # missing Secret would be what holds this pod too.
+    spec = unpullable["spec"]["template"]["spec"]
+    secrets = {v["name"] for v in spec.get("volumes", []) if "secret" in v}
+    spec["volumes"] = [v for v in spec.get("volumes", []) if v["name"] not in secrets]
+    for each in spec["containers"]:
+        each["volumeMounts"] = [m for m in each.get("volumeMounts", []) if m["name"] not in secrets]
     # The worker pod mounts its agent's serving certificate; this namespace has none (as when
     # the TLS Secret was never created, or went with a `helm uninstall`).
     unmountable = real_node_deployment("unmountable", 1, labels, [])
