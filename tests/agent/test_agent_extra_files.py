@@ -121,7 +121,12 @@ async def test_a_corrupted_extra_file_fails_the_load_and_the_old_weights_keep_se
     assert status["last_error"]["reason"] == "ChecksumMismatch"
     assert "tokenizer.json" in status["last_error"]["message"]
     assert close_to(await client.infer(), extra_tree.expected("v1"))
-    assert client.agent.service.relay is None, "a load withdraws the relay; a failed one leaves none"
+    # Refused before the weights changed: v1 is still relayed, whole, to the next wave's peers
+    # (#32 item 13; tests/agent/test_agent_relay_after_failed_load.py).
+    relay = client.agent.service.relay
+    assert relay is not None, "a load that failed before the weights changed keeps the old relay"
+    assert relay.version == "v1"
+    assert _relayed_extras(client) == published_extras(extra_tree, "v1")
 
 
 @pytest.mark.parametrize("transport", ["file", "http", "mooncake"])
