@@ -18,7 +18,12 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from kubernetes_asyncio import client
 
-from ckpt_agent.server.auth import AccessReviewTarget, AuthDecision, TokenReviewAuthenticator
+from ckpt_agent.server.auth import (
+    STALE_IF_UNAVAILABLE_S,
+    AccessReviewTarget,
+    AuthDecision,
+    TokenReviewAuthenticator,
+)
 
 AUDIENCE = "ckpt-rollout-agent"
 USER = "system:serviceaccount:ckpt-rollout-system:ckpt-operator"
@@ -141,6 +146,28 @@ async def test_a_revoked_token_or_binding_stops_working_within_the_bound(
     clock.now += REVOCATION_BOUND_S
     decision = await auth.authenticate(TOKEN, "POST", "/v1/update_weights")
     assert decision.status == (401 if revoked == "token" else 403), decision
+
+
+@pytest.mark.parametrize("failing", [TOKEN_REVIEWS, ACCESS_REVIEWS])
+async def test_a_caller_allowed_before_an_outage_is_still_allowed_while_the_apiserver_is_away(
+    apiserver: tuple[Apiserver, Any], failing: str
+) -> None:
+    """Past the revocation bound, but with the apiserver unable to answer (a restart): the last
+    allowed decision stands for STALE_IF_UNAVAILABLE_S, so the operator rides the outage through;
+    after that, 503. A caller never allowed before gets 503 at once."""
+    stand_in, api = apiserver
+    clock = FakeClock()
+    auth = TokenReviewAuthenticator(api, AUDIENCE, target=AccessReviewTarget("rl", "worker-0"), clock=clock)
+    assert (await auth.authenticate(TOKEN, "POST", "/v1/update_weights")).allowed
+    stand_in.answers[failing] = 503
+    clock.now += REVOCATION_BOUND_S
+    assert (await auth.authenticate(TOKEN, "POST", "/v1/update_weights")).allowed
+    other = jwt_shaped(sub="someone-else", aud=[AUDIENCE])
+    assert (await auth.authenticate(other, "POST", "/v1/update_weights")).status == 503
+    clock.now += STALE_IF_UNAVAILABLE_S
+    assert (await auth.authenticate(TOKEN, "POST", "/v1/update_weights")).status == 503
+    stand_in.answers[failing] = 200
+    assert (await auth.authenticate(TOKEN, "POST", "/v1/update_weights")).allowed
 
 
 async def test_a_token_is_not_trusted_past_its_own_expiry(apiserver: tuple[Apiserver, Any]) -> None:

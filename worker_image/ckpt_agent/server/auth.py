@@ -279,6 +279,10 @@ READYZ_TRUST_S = 1.0
 # one review per window.
 ALLOWED_TTL_S = 10.0
 REFUSED_TTL_S = 5.0
+# While the apiserver cannot be asked (an outage, a restart), an allowed decision is still used
+# this long past its TTL, never past the token's `exp`: nobody can learn of a revocation then
+# anyway, and the operator (and peers) keep working through a restart instead of meeting 503.
+STALE_IF_UNAVAILABLE_S = 120.0
 # Decisions kept at most, per cache (the least recently used go first): a flood of distinct
 # tokens cannot grow the agent's memory, and evicts only what is cheap to ask again.
 MAX_KEPT_DECISIONS = 1024
@@ -287,14 +291,16 @@ Clock = Callable[[], float]
 
 
 class _Answers:
-    """Decisions kept briefly so a rollout's polling does not flood the apiserver."""
+    """Decisions kept briefly so a rollout's polling does not flood the apiserver; an allowed one
+    a while longer for when the apiserver cannot be asked (``stale``)."""
 
     def __init__(self, ttl_seconds: float, negative_ttl_seconds: float, max_kept: int, clock: Clock) -> None:
         self._ttl = ttl_seconds
         self._negative_ttl = negative_ttl_seconds
         self._max_kept = max_kept
         self._clock = clock
-        self._kept: OrderedDict[Any, tuple[float, AuthDecision]] = OrderedDict()
+        # key -> (fresh until, usable while the apiserver is away until, decision)
+        self._kept: OrderedDict[Any, tuple[float, float, AuthDecision]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -303,19 +309,32 @@ class _Answers:
         kept = self._kept.get(key)
         if kept is None:
             return None
-        if kept[0] <= self._clock():
+        now = self._clock()
+        if kept[1] <= now:
             del self._kept[key]
             return None
+        if kept[0] <= now:
+            return None  # ask again; kept meanwhile for ``stale``
         self._kept.move_to_end(key)
-        return kept[1]
+        return kept[2]
+
+    def stale(self, key: Any) -> AuthDecision | None:
+        """The allowed decision for ``key`` past its TTL but within STALE_IF_UNAVAILABLE_S (and the
+        token's lifetime), for when the apiserver cannot be asked."""
+        kept = self._kept.get(key)
+        if kept is None or kept[1] <= self._clock() or not kept[2].allowed:
+            return None
+        return kept[2]
 
     def put(self, key: Any, decision: AuthDecision, valid_for_s: float | None = None) -> AuthDecision:
         """Keep ``decision``; ``valid_for_s`` shortens an allowed one (the token expires sooner)."""
         ttl = self._ttl if decision.allowed else self._negative_ttl
+        usable = ttl + STALE_IF_UNAVAILABLE_S if decision.allowed else ttl
         if valid_for_s is not None:
-            ttl = min(ttl, valid_for_s)
+            ttl, usable = min(ttl, valid_for_s), min(usable, valid_for_s)
         if ttl > 0:
-            self._kept[key] = (self._clock() + ttl, decision)
+            now = self._clock()
+            self._kept[key] = (now + ttl, now + usable, decision)
             self._kept.move_to_end(key)
             while len(self._kept) > self._max_kept:
                 self._kept.popitem(last=False)
@@ -484,11 +503,14 @@ class TokenReviewAuthenticator:
         body = client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token, audiences=[self._audience]))
         status = await _review(client.AuthenticationV1Api(self._api).create_token_review, body, "TokenReview")
         if not isinstance(status, dict):
-            return await self._settled(review_failed(status))
-        decision = decide_token_review(status, self._audience, allowed)
-        if decision.status == 401:  # the apiserver's word (our allow-list's is final)
-            decision = await self._settled(decision)
-        return decision if decision.status == 503 else self._reviews.put(key, decision, valid_for)
+            decision = await self._settled(review_failed(status))
+        else:
+            decision = decide_token_review(status, self._audience, allowed)
+            if decision.status == 401:  # the apiserver's word (our allow-list's is final)
+                decision = await self._settled(decision)
+        if decision.status == 503:
+            return self._reviews.stale(key) or decision
+        return decision if not isinstance(status, dict) else self._reviews.put(key, decision, valid_for)
 
     async def _access_review(
         self, key: str, user: UserInfo, target: AccessReviewTarget, access: Access, valid_for: float | None
@@ -499,9 +521,14 @@ class TokenReviewAuthenticator:
         create = client.AuthorizationV1Api(self._api).create_subject_access_review
         status = await _review(create, body, "SubjectAccessReview")
         if not isinstance(status, dict):
-            return await self._settled(review_failed(status, "access review", refused=403))
-        decision = await self._settled(decide_access_review(status, user, access, target.namespace))
-        return decision if decision.status == 503 else self._access.put((key, access), decision, valid_for)
+            decision = await self._settled(review_failed(status, "access review", refused=403))
+        else:
+            decision = await self._settled(decide_access_review(status, user, access, target.namespace))
+        if decision.status == 503:
+            return self._access.stale((key, access)) or decision
+        return (
+            decision if not isinstance(status, dict) else self._access.put((key, access), decision, valid_for)
+        )
 
     async def _settled(self, decision: AuthDecision) -> AuthDecision:
         if decision.allowed or decision.status == 503 or time.monotonic() < self._ready_until:
