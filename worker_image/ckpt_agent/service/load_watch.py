@@ -52,5 +52,9 @@ class ThroughputFloor:
         )
 
 
+# How long past a request's deadline_seconds a load is stopped.
+DEADLINE_GRACE_S = 5.0
+
+
 def describe_deadline(version: str, seconds: float) -> str:
     return f"the load of {version} did not finish within its deadline_seconds ({seconds:g}s)"

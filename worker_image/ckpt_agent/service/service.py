@@ -21,6 +21,7 @@ from ckpt_agent.pipeline.relay_copy import RelayCopy
 from ckpt_agent.pipeline.relay_peer import PEER_TLS, PeerTLS, is_peer_fault
 from ckpt_agent.pipeline.smoke import CheckResult, outcome_of, run_check
 from ckpt_agent.service.load_watch import (
+    DEADLINE_GRACE_S,
     DEFAULT_LOAD_RATE_WINDOW_S,
     DEFAULT_MIN_LOAD_RATE,
     ThroughputFloor,
@@ -475,7 +476,9 @@ class AgentService:
                 # Every byte is in: applying them (or loading the previous version back after a
                 # failed smoke check) is local work, never to be cut short.
                 continue
-            if deadline_s is not None and now - started > deadline_s:
+            # The grace: the caller's own timer set to the same figure (the operator sends its
+            # worker timeout) decides first, with its reason; the agent then frees itself.
+            if deadline_s is not None and now - started > deadline_s + DEADLINE_GRACE_S:
                 self._stop(LoadError(Reason.SOURCE_UNREACHABLE, describe_deadline(job.version, deadline_s)))
                 return
             slow = rule.too_slow(now, progress.bytes_done)
