@@ -344,6 +344,11 @@ def test_kube_apiserver_restarted_mid_rollout(provider: Provider) -> None:
     workers = {w.name: w for w in fleet.workers(4)}
     provider.rollouts.create(NAME, provider.spec("b2", fleet, strategy={"waves": [1, "100%"]}))
     called = _wave_called(provider, 1)["waves"][1]["called"]
+    # This test's own token freshly reviewed by each agent, as the operator's is by its calls and
+    # pulls: agents keep an allowed caller's answer through an outage (STALE_IF_UNAVAILABLE_S),
+    # never one they have not reviewed lately.
+    for pod in called:
+        agent_state(workers[pod], fleet.token)
     with provider.apiserver_down():
         down_since = time.monotonic()
 
