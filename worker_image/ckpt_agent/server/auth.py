@@ -277,7 +277,11 @@ READYZ_TRUST_S = 1.0
 # a deleted pod (for a pod-bound token) or a withdrawn RoleBinding stops working within this, and
 # never later than the token's own `exp`. A refusal is kept so that a repeated bad token costs
 # one review per window.
-ALLOWED_TTL_S = 10.0
+# 60 s, not less: an apiserver outage makes every review wait its TOKENREVIEW_TIMEOUT_S, longer
+# than callers' own timeouts, so until a circuit breaker answers from STALE_IF_UNAVAILABLE_S at
+# once, a shorter TTL locks callers out of an outage's first minute (the real-node apiserver
+# restart scenario).
+ALLOWED_TTL_S = 60.0
 REFUSED_TTL_S = 5.0
 # While the apiserver cannot be asked (an outage, a restart), an allowed decision is still used
 # this long past its TTL, never past the token's `exp`: nobody can learn of a revocation then
