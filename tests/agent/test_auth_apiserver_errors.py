@@ -28,8 +28,7 @@ from ckpt_agent.server.auth import (
 AUDIENCE = "ckpt-rollout-agent"
 USER = "system:serviceaccount:ckpt-rollout-system:ckpt-operator"
 TOKEN = jwt_shaped(sub=USER, aud=[AUDIENCE])
-# What the issue asks of revocation: a deleted ServiceAccount or pod, or a withdrawn binding,
-# stops working within about ten seconds.
+# Revocation: a deleted ServiceAccount or pod, or a withdrawn binding, stops working within this.
 REVOCATION_BOUND_S = 60.0  # ckpt_agent.server.auth.ALLOWED_TTL_S (why not 10 s: see there)
 TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
