@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from agent_testkit import AgentClient, AgentFactory, Tree, close_to, wait_until
@@ -21,6 +22,8 @@ from held_source import HeldSource
 
 from ckpt_agent.formats.manifest import MANIFEST_NAME
 from ckpt_agent.server.httpserver import AppServer
+from ckpt_rollout.io.agent_client import AgentClient as OperatorAgentClient
+from ckpt_rollout.io.agent_tokens import NoToken
 
 # Judged over a second: a trickle fails in about that, a local load is done long before.
 WINDOW_S = 1.0
@@ -185,10 +188,16 @@ async def test_cancel_load_stops_a_stalled_load_of_that_version_only(
     assert (code, body["error"], body["target"]) == (409, "LoadInProgress", "v2"), body
     assert (await client.status())["state"] == "loading"
 
-    code, body = await client.request("POST", "/v1/cancel_load", {"version": "v2"})
+    # As the operator sends it when it gives a load up (its own client, so the two agree).
+    parts = urlsplit(client.url)
+    operator = OperatorAgentClient(NoToken(), timeout_s=15, connect_attempts=1)
+    try:
+        result = await operator.cancel_load(str(parts.hostname), int(parts.port or 0), "v2", namespace="rl")
+    finally:
+        await operator.close()
 
     # Answered once the load ended: the held read was cut, not left to its 30 s timeout.
-    assert (code, body) == (200, {"version": "v2", "ended": True, "live_version": "v1"}), body
+    assert (result.status, result.body) == (200, {"version": "v2", "ended": True, "live_version": "v1"})
     status = await client.status()
     error = status["last_error"]
     assert (error["version"], error["reason"]) == ("v2", "Cancelled"), error

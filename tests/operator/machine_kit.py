@@ -113,6 +113,8 @@ class Case:
     wake: float | None = None
     memory: Memory = field(default_factory=Memory)
     probe: str | None = None
+    # (pod, version) of each load the plan cancels.
+    cancels: list[tuple[str, str]] = field(default_factory=list)
     tuning: Tuning = field(default_factory=lambda: TUNING)
     # Anything else the row is about: observe(plan) must equal observed.
     observe: Callable[[Plan], object] = lambda plan: None
@@ -165,6 +167,7 @@ def assert_decides(case: Case) -> None:
     assert [p.pod for p in plan.pulls] == case.pulls
     assert [e.reason for e in plan.events] == case.events
     assert (plan.probe.pod if plan.probe else None) == case.probe
+    assert sorted((c.pod, c.version) for c in plan.cancels) == sorted(case.cancels)
     assert plan.wake_after == (None if case.wake is None else pytest.approx(case.wake))
     # Intent first: every pod called is recorded as called in the status to be written.
     recorded = {p for w in plan.status.waves for p in w.called}

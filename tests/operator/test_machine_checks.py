@@ -70,6 +70,7 @@ CASES = [
         rollout(progressing(wave(0, [CANARY])), spec=FINITE),
         State.ADVANCE,
         Phase.ROLLING_BACK,
+        cancels=[(CANARY, "v2")],
         calls=[CANARY],
         events=[EventReason.WORKER_FAILED, EventReason.ROLLBACK_STARTED],
         wake=TUNING.pull_after_s,

@@ -56,6 +56,7 @@ CASES = [
         rollout(progressing(wave(0, [CANARY])), spec={"source": {"manifestDigest": DIGEST}}),
         State.ADVANCE,
         Phase.ROLLING_BACK,
+        cancels=[(CANARY, "v2")],
         calls=[CANARY],  # it may have loaded v2 after all: it is rolled back too
         events=[EventReason.WORKER_FAILED, EventReason.ROLLBACK_STARTED],
         wake=TUNING.pull_after_s,
@@ -97,6 +98,7 @@ CASES = [
         ),
         State.ADVANCE,
         Phase.PROGRESSING,
+        cancels=[(CANARY, "v2")],
         events=[EventReason.WORKER_FAILED],
         wake=TUNING.pull_after_s,
         memory=Memory(call_times={ORDER[0]: NOW.mono - 10_000, ORDER[1]: NOW.mono}),
@@ -282,6 +284,7 @@ CASES = [
         ),
         State.DEADLINE,
         Phase.FAILED,
+        cancels=[(CANARY, "v2")],
         events=[EventReason.ROLLOUT_FAILED],
         observe=lambda p: condition(p, ConditionType.FAILED),
         observed=("True", RolloutReason.PROGRESS_DEADLINE_EXCEEDED),

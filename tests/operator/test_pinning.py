@@ -114,6 +114,7 @@ CASES = [
         rollout(_timed_out_canary(manifestDigests={"v1": D1})),
         State.ADVANCE,
         Phase.ROLLING_BACK,
+        cancels=[(CANARY, "v2")],  # timed out: its load is stopped
         calls=[CANARY],
         events=[EventReason.WORKER_FAILED, EventReason.ROLLBACK_STARTED],
         wake=TUNING.pull_after_s,
@@ -126,6 +127,7 @@ CASES = [
         rollout(_timed_out_canary()),
         State.ADVANCE,
         Phase.ROLLING_BACK,
+        cancels=[(CANARY, "v2")],  # timed out: its load is stopped
         calls=[CANARY],
         events=[EventReason.WORKER_FAILED, EventReason.ROLLBACK_STARTED],
         wake=TUNING.pull_after_s,

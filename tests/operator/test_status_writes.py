@@ -113,6 +113,7 @@ class FakeAgents:
         self.live = dict.fromkeys(self.by_ip.values(), "v1")
         self.failed: dict[str, str] = {}
         self.failing, self.unreachable, self.stuck = failing, unreachable, stuck
+        self.cancelled: list[tuple[str, str]] = []  # (pod, version) of each load stopped
 
     def add(self, pod: Pod) -> None:
         self.by_ip[pod.ip] = pod.name
@@ -158,6 +159,17 @@ class FakeAgents:
             uid=request.rollout.uid,
         )
         self.api.agent_patch(worker_status_patch(name, entry))
+
+    async def cancel_load(self, ip: str, port: int, version: str, *, namespace: str) -> CallResult:
+        """As the agent's route: a stuck load stops (old weights serving); with none, 404."""
+        name = self.by_ip[ip]
+        if name in self.unreachable:
+            return CallResult(0, {}, "ClientOSError: connection reset")
+        if name not in self.stuck:
+            return CallResult(404, {"error": "NotFound", "message": "no load is running; nothing cancelled"})
+        self.stuck = self.stuck - {name}
+        self.cancelled.append((name, version))
+        return CallResult(200, {"version": version, "ended": True, "liveVersion": self.live[name]})
 
     async def status(self, ip: str, port: int, *, namespace: str) -> CallResult:
         name = self.by_ip[ip]
@@ -310,6 +322,8 @@ async def test_worker_timeout(recorder: Recorder) -> None:
         run.memory.call_times[name] = time.monotonic() - 10_000  # called long ago
     status = await run.until({Phase.SUCCEEDED})
     assert status["workers"]["w-001"]["reason"] == WorkerReason.WORKER_TIMEOUT
+    # Given up, its load is stopped at once (#32 item 5), not left to hold the engine paused.
+    assert run.agents.cancelled == [("w-001", "v2")]
 
 
 async def test_no_workers_a_selector_conflict_and_the_deadline(recorder: Recorder) -> None:

@@ -22,7 +22,7 @@ from ckpt_rollout.domain.entry_trust import trusted_status, untrusted_entries
 from ckpt_rollout.domain.machine import decide
 from ckpt_rollout.domain.mergepatch import merge_diff
 from ckpt_rollout.domain.outcomes import Outcome, pulled_outcome
-from ckpt_rollout.domain.plan import Call, Measure, Meta, Plan, Pull, Rollout
+from ckpt_rollout.domain.plan import Call, Cancel, Measure, Meta, Plan, Pull, Rollout
 from ckpt_rollout.domain.selectors import selector_matches
 from ckpt_rollout.domain.troubles import ongoing, pod_trouble, wants_events
 from ckpt_rollout.domain.world import Memory, Now, Peer, Pod, Tuning, parse_time, rfc3339
@@ -166,6 +166,9 @@ class Reconciler:
         for event in plan.events:
             emit(event.type, event.reason, event.message)
         _measure(plan)
+        # Before the calls: a rollback's call then finds its agent free, not busy with the load
+        # the cancel stops.
+        await self._cancels(plan.cancels, meta.namespace)
         heard = len(memory.heard) + len(memory.lost)
         probed, measured = memory.probed, memory.measured
         await asyncio.gather(
@@ -195,6 +198,17 @@ class Reconciler:
             record_call(memory, call, result, self.tuning, time.monotonic(), rfc3339(time.time()))
 
         await asyncio.gather(*(one(c) for c in calls))
+
+    async def _cancels(self, cancels: list[Cancel], namespace: str) -> None:
+        """Best effort: an agent that cannot be told stops at its load's own deadline."""
+        if not cancels:
+            return
+        results = await asyncio.gather(
+            *(self.agents.cancel_load(c.ip, c.port, c.version, namespace=namespace) for c in cancels)
+        )
+        for cancel, result in zip(cancels, results, strict=True):
+            said = "cancelled" if result.status == 200 else f"not cancelled ({result.status or result.error})"
+            log.info("%s/%s: load of %s %s", namespace, cancel.pod, cancel.version, said)
 
     async def _pulls(self, pulls: list[Pull], memory: Memory, stamp: str, namespace: str) -> None:
         if not pulls:

@@ -12,7 +12,7 @@ from ckpt_api.status import WorkerStatus
 from ckpt_api.vocabulary import EventReason, EventType, WavePhase, WorkerPhase, WorkerReason, WorkerResult
 from ckpt_rollout.domain.outcomes import Outcome, reported_outcome, settles
 from ckpt_rollout.domain.pinning import learned_digests, pin_for
-from ckpt_rollout.domain.plan import Call, Draft, Measure, Pull
+from ckpt_rollout.domain.plan import Call, Cancel, Draft, Measure, Pull
 from ckpt_rollout.domain.troubles import Trouble
 from ckpt_rollout.domain.world import agent_url
 
@@ -166,6 +166,9 @@ def _check_waiting(d: Draft, target: Target, waiting: list[str], pulling: bool) 
             d.plan.first_seen.append(name)
             called_at = now
         if now - called_at > timeout:
+            # Given up: the agent, if it still loads, is told to stop now, old weights serving.
+            pod = d.rollout.pods[name]
+            d.plan.cancels.append(Cancel(name, pod.ip, d.spec.agent.port, target.version))
             timed_out[name] = failure_entry(
                 target.version,
                 target.wave,
@@ -215,6 +218,23 @@ def _check_waiting(d: Draft, target: Target, waiting: list[str], pulling: bool) 
         else:
             d.wake(due_at - now)
     return recall
+
+
+def cancel_loads(d: Draft, version: str | None) -> None:
+    """Plan a cancel for every called pod still loading ``version`` (the rollout that asked for
+    it is being given up): each agent stops at once, old weights serving, free for what the
+    operator asks next, instead of holding its engine paused until the load's own deadline."""
+    if not version:
+        return
+    # A completed wave's successes are folded away: its members are done, not waiting.
+    called = {p for w in d.status.waves if w.phase is not WavePhase.COMPLETED for p in w.called}
+    for name in sorted(called):
+        pod = d.rollout.pods.get(name)
+        if pod is None:
+            continue
+        entry = d.status.workers.get(name)
+        if reported_outcome(entry, target=version, present=True, called=True) is Outcome.WAITING:
+            d.plan.cancels.append(Cancel(name, pod.ip, d.spec.agent.port, version))
 
 
 def timeout_message(timeout: int, trouble: Trouble | None) -> str:

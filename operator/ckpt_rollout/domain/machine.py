@@ -40,7 +40,7 @@ from ckpt_api.vocabulary import (
 )
 from ckpt_rollout.domain import analyzing
 from ckpt_rollout.domain.conditions import Verdict
-from ckpt_rollout.domain.drive import Target, drive, fold_heard, fold_settled
+from ckpt_rollout.domain.drive import Target, cancel_loads, drive, fold_heard, fold_settled
 from ckpt_rollout.domain.outcomes import Outcome, failed_workers, loaded, transfer_split
 from ckpt_rollout.domain.pinning import unpinned_note
 from ckpt_rollout.domain.plan import (
@@ -197,6 +197,7 @@ def _start(d: Draft, why: str = "") -> bool:
     if why:
         message = f"{why}: {message}"
     if superseding:
+        cancel_loads(d, old_target)
         message = f"{old_target} superseded by {spec.version}; " + message
         # Pods the superseded rollout already called get the newest version first.
         catch_up = sorted({p for w in status.waves for p in w.called} & set(d.rollout.pods))
@@ -299,12 +300,14 @@ def abort_requested(d: Draft) -> bool:
 
 def _abort(d: Draft) -> bool:
     _end_pause(d)
+    cancel_loads(d, d.status.target_version)
     _start_rollback(d, RolloutReason.ABORTED, "aborted by user")
     return True
 
 
 def _fail(d: Draft, reason: str, message: str) -> bool:
     _end_pause(d)
+    cancel_loads(d, d.status.target_version)
     if d.spec.failure_policy.on_failure is FailureAction.ROLLBACK:
         _start_rollback(d, reason, message)
         return True

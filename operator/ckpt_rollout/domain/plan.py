@@ -1,8 +1,8 @@
 """A Plan — what one reconcile step decided — and the Draft the machine builds it in.
 
 The executor runs a Plan in this order: the status (with wave membership and the pods about to
-be called: intent first), events and metrics, then the calls, pulls, probe and analysis
-measurement. Nothing here does I/O."""
+be called: intent first), events and metrics, the cancels, then the calls, pulls, probe and
+analysis measurement. Nothing here does I/O."""
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -61,6 +61,17 @@ class Pull:
 
 
 @dataclass(frozen=True)
+class Cancel:
+    """Stop the agent's load of ``version`` (POST /v1/cancel_load): the operator gave it up, so
+    the agent is freed now rather than at the load's own deadline."""
+
+    pod: str
+    ip: str
+    port: int
+    version: str
+
+
+@dataclass(frozen=True)
 class Probe:
     """Ask the agent what it serves (the rollout's previousVersion, on its first rollout)."""
 
@@ -105,6 +116,7 @@ class Plan:
     status: CheckpointRolloutStatus
     calls: list[Call] = field(default_factory=list)
     pulls: list[Pull] = field(default_factory=list)
+    cancels: list[Cancel] = field(default_factory=list)  # sent before the calls
     probe: Probe | None = None
     measurement: Measurement | None = None
     events: list[Event] = field(default_factory=list)

@@ -8,7 +8,7 @@ from typing import Any
 import aiohttp
 from pydantic import ValidationError
 
-from ckpt_api.agent_api import AgentStatus, ErrorBody, UpdateWeightsRequest
+from ckpt_api.agent_api import AgentStatus, CancelLoadRequest, ErrorBody, UpdateWeightsRequest
 from ckpt_api.tls import ReloadingContext, agent_server_name
 from ckpt_rollout.domain.troubles import NoAnswer, Trouble, answer_trouble
 from ckpt_rollout.domain.world import agent_url
@@ -148,6 +148,11 @@ class AgentClient:
         """``namespace``: the pod's (its CR's), whose agents' token is presented."""
         url = self._url(ip, port, "/v1/update_weights")
         return await self._call("POST", url, request.to_wire(), namespace)
+
+    async def cancel_load(self, ip: str, port: int, version: str, *, namespace: str) -> CallResult:
+        """Stop the agent's load of ``version`` (409 when another version loads, 404 when none)."""
+        url = self._url(ip, port, "/v1/cancel_load")
+        return await self._call("POST", url, CancelLoadRequest(version=version).to_wire(), namespace)
 
     async def status(self, ip: str, port: int, *, namespace: str) -> CallResult:
         result = await self._call("GET", self._url(ip, port, "/v1/status"), None, namespace)
