@@ -1,6 +1,6 @@
 """The mooncake:// transport against a real Mooncake transfer engine in TCP mode on 127.0.0.1
 (P2P handshake, no metadata server): a source that registers its shards, agents that read
-them with batched transfers into their registered buffers."""
+them with batched transfers through a registered bounce buffer into memory never registered."""
 
 from __future__ import annotations
 
@@ -74,32 +74,36 @@ async def test_descriptor_carries_the_exact_manifest(tree: Tree, mooncake_source
         transport.close()
 
 
-async def test_reads_land_in_registered_and_unregistered_buffers(
-    tree: Tree, mooncake_source: MooncakeSource
+@pytest.mark.parametrize("bounce_bytes", [32 << 20, 64])
+async def test_reads_land_through_a_bounce_buffer_in_memory_never_registered(
+    tree: Tree, mooncake_source: MooncakeSource, monkeypatch: pytest.MonkeyPatch, bounce_bytes: int
 ) -> None:
-    """Registered destinations are read into directly, others through a bounce buffer; both
-    must give the shard's bytes, including ranges that straddle tensors."""
+    """The caller's buffer gets the shard's bytes, including ranges that straddle tensors and,
+    with a small bounce buffer, reads spanning many of its halves (filled in turn while the
+    other is copied out); and it is never registered with the engine (anyone could write it)."""
     import numpy as np
 
+    from ckpt_agent.transport.mooncake import client
+
+    monkeypatch.setattr(client, "_BOUNCE_BYTES", bounce_bytes)
     transport = MooncakeTransport(await mooncake_source(tree.root))
     doc = tree.manifest("v2")
     shard = sorted(doc["files"])[0]
     expected = (tree.root / "v2" / shard).read_bytes()
+    engine = runtime.engine_for("tcp")
 
     def check() -> None:
         transport.fetch_manifest("v2", DEFAULT_MAX_MANIFEST_BYTES)
-        registered = np.zeros(len(expected), dtype=np.uint8)
-        unregister = transport.register_buffer("v2", registered.data)
-        for dest in (registered, np.zeros(len(expected), dtype=np.uint8)):
-            stream = transport.open_range("v2", shard, 0, len(expected))
-            try:
-                half = len(expected) // 2 + 3  # not on a tensor boundary
-                stream.readinto(dest.data[:half])
-                stream.readinto(dest.data[half:])
-            finally:
-                stream.close()
-            assert dest.tobytes() == expected
-        unregister()
+        dest = np.zeros(len(expected), dtype=np.uint8)
+        stream = transport.open_range("v2", shard, 0, len(expected))
+        try:
+            half = len(expected) // 2 + 3  # not on a tensor boundary
+            stream.readinto(dest.data[:half])
+            assert not engine.covers(int(dest.ctypes.data), 1)
+            stream.readinto(dest.data[half:])
+        finally:
+            stream.close()
+        assert dest.tobytes() == expected
 
     try:
         await asyncio.to_thread(check)

@@ -32,7 +32,7 @@ from ckpt_agent.formats.manifest import DEFAULT_MAX_MANIFEST_BYTES, Manifest, Te
 from ckpt_agent.pipeline.compat import ParamSpec, check_compatible
 from ckpt_agent.pipeline.load_job import LiveWeights, LoadJob, LoadOutcome
 from ckpt_agent.pipeline.pause_gate import LOAD, PauseGate
-from ckpt_agent.pipeline.pull import open_version, pull_into, registered
+from ckpt_agent.pipeline.pull import open_version, pull_into
 from ckpt_agent.pipeline.reader import (
     DEFAULT_CHUNK_BYTES,
     LoadProgress,
@@ -207,7 +207,7 @@ class InProcessLoader:
         check_finite: bool = False,
     ) -> None:
         buf = np.empty(max(manifest.largest_tensor_bytes, 1), dtype=np.uint8).data
-        with registered(transport, manifest.version, [buf]), self._target.applying() as apply:
+        with self._target.applying() as apply:
             read_runs(
                 transport,
                 manifest.version,

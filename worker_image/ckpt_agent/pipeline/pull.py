@@ -1,20 +1,19 @@
 """Opening the transport of a load: the source alone, or the source's manifest with a peer's bytes;
-and registering destination memory with transports that want it (RDMA)."""
+and pulling a version into a staging target."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from ckpt_agent.common.errors import LoadError, Reason
 from ckpt_agent.pipeline.reader import LoadProgress, fetch_manifest_raw, plan_runs, read_runs
 from ckpt_agent.pipeline.relay_copy import RelayCopy
 from ckpt_agent.pipeline.relay_peer import PeerError, PeerTransport, is_peer_fault, open_peer_transport
-from ckpt_agent.transport import RegistersBuffers, Transport, open_transport
+from ckpt_agent.transport import Transport, open_transport
 from ckpt_agent.transport.mooncake.runtime import MooncakeUnavailable
 
 if TYPE_CHECKING:
@@ -36,24 +35,8 @@ def open_load_transport(source_uri: str, peer: str | None, bearer: str | None) -
     return PeerTransport(source, bytes_from)
 
 
-@contextmanager
-def registered(transport: Transport, version: str, regions: Sequence[memoryview]) -> Iterator[None]:
-    """Register `regions` as read destinations for the block, when the transport wants that."""
-    undo: list[Callable[[], None]] = []
-    try:
-        if isinstance(transport, RegistersBuffers):
-            for region in regions:
-                undo.append(transport.register_buffer(version, region))
-        yield
-    finally:
-        for fn in reversed(undo):
-            fn()
-
-
 class PullTarget(Protocol):
     """Where a staged load lands: host staging (paddle) or a staging directory (disk engines)."""
-
-    def regions(self) -> Sequence[memoryview]: ...
 
     def buffer(self, entry: TensorEntry) -> memoryview: ...
 
@@ -88,20 +71,19 @@ def pull_into(
         # Several streams only pay off when there is more than one chunk per stream.
         nbytes = sum(e.nbytes for e in entries)
         max_run = max(nbytes // max(parallelism, 1), chunk_bytes)
-        with registered(reader, job.version, target.regions()):
-            read_runs(
-                reader,
-                job.version,
-                plan_runs(manifest, max_run_bytes=max_run, only=entries),
-                buffer_for=target.buffer,
-                on_tensor=on_tensor,
-                verify=verify,
-                progress=progress,
-                cancelled=job.cancel.is_set,
-                chunk_bytes=chunk_bytes,
-                parallelism=parallelism,
-                check_finite=job.check_finite,
-            )
+        read_runs(
+            reader,
+            job.version,
+            plan_runs(manifest, max_run_bytes=max_run, only=entries),
+            buffer_for=target.buffer,
+            on_tensor=on_tensor,
+            verify=verify,
+            progress=progress,
+            cancelled=job.cancel.is_set,
+            chunk_bytes=chunk_bytes,
+            parallelism=parallelism,
+            check_finite=job.check_finite,
+        )
 
     try:
         read(transport, manifest.tensors)

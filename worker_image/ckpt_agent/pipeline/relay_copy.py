@@ -3,9 +3,10 @@
 Which bytes a peer serves (decided per apply mode):
 - staged (default) and disk-staging engines: the staging copy of the load, kept after
   the apply until the next load changes the weights, so also through a load that fails
-  before it does (host RAM or the staging directory; served over http and mooncake);
+  before it does (host RAM or the staging directory; served over http, and host RAM over
+  mooncake too, from a mirror: `pipeline.relay_export`);
 - streamed: re-read from the live parameters, tensor by tensor (http only: no staging copy to
-  register). A tensor that changed since the load (a new load began) is refused.
+  mirror). A tensor that changed since the load (a new load began) is refused.
 Readers verify everything anyway; these rules keep an honest peer from serving torn data.
 
 A staged load asked to relay while it loads (`relayWhileLoading`, pipelined relay) publishes its
@@ -61,7 +62,7 @@ class RelayCopy:
         self.manifest_raw = manifest_raw
         self.manifest = manifest
         self.version = manifest.version
-        self.store = store  # registrable memory, if any (mooncake relay)
+        self.store = store  # what a Mooncake export mirrors, if any (never registered itself)
         self.source = source
         self.extra_files: Mapping[str, bytes] = dict(extra_files or {})
         self._read_tensor = read_tensor
@@ -69,6 +70,10 @@ class RelayCopy:
         self._lock = threading.Lock()
         self._on_release: list[Callable[[], None]] = []
         self.released = False
+        # Copies a Mooncake export keeps (pipeline.relay_export), each fed every verified tensor;
+        # held across a copy, so a tensor is in every mirror before any reader learns it is ready.
+        self._mirrors: list[Callable[[TensorEntry], None]] = []
+        self._mirror_lock = threading.Lock()
         # Pipelined relay: the tensors verified so far, and how waiting readers learn of more.
         self.complete = True
         self.extras_ready = True
@@ -100,9 +105,23 @@ class RelayCopy:
 
     def mark_ready(self, entry: TensorEntry) -> None:
         """The load verified `entry` (any thread)."""
-        with self._lock:
-            self._ready.add(entry.name)
+        with self._mirror_lock:
+            for mirror in self._mirrors:
+                mirror(entry)
+            with self._lock:
+                self._ready.add(entry.name)
         self._wake()
+
+    def add_mirror(self, mirror: Callable[[TensorEntry], None]) -> None:
+        """`mirror(entry)` now for each tensor verified so far, and for each one verified later
+        before it is marked ready. Raises RelayGone once the copy is released (the store with it)."""
+        with self._mirror_lock:
+            if self.released:
+                raise self._gone()
+            for entry in self.manifest.tensors:
+                if self.is_ready(entry):
+                    mirror(entry)
+            self._mirrors.append(mirror)
 
     def finish(self) -> None:
         """The load verified every tensor."""
@@ -217,15 +236,21 @@ class RelayCopy:
             i += 1
 
     def on_release(self, fn: Callable[[], None]) -> None:
+        """`fn()` once the copy is released (now, if it already is)."""
         with self._lock:
-            self._on_release.append(fn)
+            if not self.released:
+                self._on_release.append(fn)
+                return
+        fn()
 
     def release(self) -> None:
-        with self._lock:
+        # The mirror lock first: a mirror being filled from the store finishes before it goes.
+        with self._mirror_lock, self._lock:
             if self.released:
                 return
             self.released = True
             hooks, self._on_release = self._on_release, []
+            self._mirrors = []
         self._wake()
         for fn in hooks:
             fn()

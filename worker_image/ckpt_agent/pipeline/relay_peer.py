@@ -8,7 +8,6 @@ to fall back to the original source for the whole load.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 
@@ -16,7 +15,6 @@ from ckpt_agent.common.errors import LoadError, Reason
 from ckpt_agent.formats.manifest import DEFAULT_MAX_MANIFEST_BYTES
 from ckpt_agent.transport import ByteStream, Transport
 from ckpt_agent.transport.abort import PEER
-from ckpt_agent.transport.base import RegistersBuffers
 from ckpt_agent.transport.guard import SOURCE_POLICY, check_source
 from ckpt_api.agent_api import check_peer_uri
 from ckpt_api.tls import ReloadingContext
@@ -149,14 +147,6 @@ class PeerTransport:
         except LoadError as exc:
             raise _peer_error(exc, self.peer_uri) from None
         return _PeerStream(stream, self.peer_uri)
-
-    def register_buffer(self, version: str, buf: memoryview) -> Callable[[], None]:
-        if isinstance(self._peer, RegistersBuffers):
-            try:
-                return self._peer.register_buffer(version, buf)
-            except LoadError as exc:
-                raise _peer_error(exc, self.peer_uri) from None
-        return lambda: None
 
     def close(self) -> None:
         try:

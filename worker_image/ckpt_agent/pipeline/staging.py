@@ -3,7 +3,7 @@
 `StagingArea`: one anonymous host arena holding a whole version, tensor by tensor (in-process
 engines: the bytes are copied into the live parameters under pause).
 `TensorStore` is what both it and the on-disk staging directory (`staging_dir`) offer: a buffer
-per tensor, the memory regions behind them (to register with an RDMA engine), and release.
+per tensor, the memory regions behind them (a Mooncake relay mirrors their layout), and release.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from ckpt_agent.transport.base import ByteStream, RegistersBuffers, Transport
+from ckpt_agent.transport.base import ByteStream, Transport
 from ckpt_agent.transport.guard import SOURCE_POLICY, check_source
 
 TransportFactory = Callable[[str], Transport]
@@ -69,7 +69,6 @@ register_transport("mooncake", _mooncake)
 
 __all__ = [
     "ByteStream",
-    "RegistersBuffers",
     "Transport",
     "check_uri",
     "open_transport",

@@ -9,8 +9,7 @@ A transport for a new scheme implements `Transport` and registers a factory with
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 
 class ByteStream(Protocol):
@@ -45,16 +44,6 @@ class Transport(Protocol):
         """A stream over bytes [start, end) of `file` in `version`."""
 
     def close(self) -> None: ...
-
-
-@runtime_checkable
-class RegistersBuffers(Protocol):
-    """Optional: transports that read fastest into memory registered with them (RDMA)."""
-
-    def register_buffer(self, version: str, buf: memoryview) -> Callable[[], None]:
-        """Register `buf` as a destination for reads of `version`; returns the call that
-        unregisters it (before the memory is freed)."""
-        ...
 
 
 class EmptyStream:

@@ -3,9 +3,17 @@
 `host:port` is the server's HTTP control endpoint (`ckpt-rollout serve --mooncake ...`, or a
 relaying agent): one `GET /v1/mooncake/<version>` returns the manifest and where each shard
 sits in the server's registered memory (see `ckpt_agent.transport.mooncake.descriptor`). Reads are
-batched `batch_transfer_sync_read` calls from the server's memory straight into the caller's
-buffer when that buffer is registered (the loader registers its staging arena and stream
-buffer), else through a registered bounce buffer: RDMA can only land bytes in registered memory.
+batched `batch_transfer_sync_read` calls from the server's memory into a registered bounce
+buffer, copied from there into the caller's buffer.
+
+Never into the caller's buffer directly: the engine serves every registered region to anyone
+who reaches its port, reads and writes alike, with no credential (Mooncake has none), so
+registered memory is writable by any pod on the network. The loader hashes and applies the
+caller's buffer: kept unregistered, the bytes it checked are the bytes it applies. A write
+into the bounce buffer mid-read only makes the tensor fail its checksum.
+
+The descriptor's `session` (where the engine connects) must name the URI's own host and pass the
+source policy like the URI did: a server cannot send this agent's engine elsewhere.
 
 A version's non-weight files (config, tokenizer, index: small, read once) are not in the
 descriptor; they come over plain HTTP from the same endpoint, where both a source
@@ -15,9 +23,13 @@ descriptor; they come over plain HTTP from the same endpoint, where both a sourc
 from __future__ import annotations
 
 import bisect
+import contextlib
 import http.client
+import ipaddress
+import socket
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from urllib.parse import quote, urlsplit
 
 import numpy as np
@@ -34,12 +46,20 @@ from ckpt_agent.transport.mooncake.descriptor import (
     InvalidDescriptor,
     parse_descriptor,
 )
-from ckpt_api.source_policy import SourcePolicy
+from ckpt_api.source_policy import SourcePolicy, SourceRefused
 
 DESCRIPTOR_PATH = "/v1/mooncake"
-_BOUNCE_BYTES = 4 << 20
+# Two halves of 16 MiB: two of the engine's 8 MiB slices (MC_TCP_SLICE_SIZE) in flight at once.
+_BOUNCE_BYTES = 32 << 20
 # Per-shard extents of a relayed version make the descriptor larger than the manifest.
 _DESCRIPTOR_SLACK = 2
+
+
+def _same_host(a: str, b: str) -> bool:
+    try:
+        return ipaddress.ip_address(a) == ipaddress.ip_address(b)
+    except ValueError:
+        return a == b
 
 
 class _MooncakeStream:
@@ -65,7 +85,8 @@ class _MooncakeStream:
         self._name = name
         self._pos = start
         self._end = end
-        self._bounce: np.ndarray | None = None
+        self._bounce: _Bounce | None = None
+        self._pool: ThreadPoolExecutor | None = None
 
     def _plan(self, pos: int, nbytes: int) -> list[tuple[int, int, int]]:
         """(offset in the read, remote address, length) for the covered parts of [pos, pos+nbytes)."""
@@ -106,29 +127,79 @@ class _MooncakeStream:
             return
         if self._wait_ready is not None:
             self._wait_ready(self._pos, self._pos + want)
-        local = runtime.address_of(buf)
-        if self._engine.covers(local, want):
-            self._transfer(local, self._pos, want, buf)
+        bounce = self._bounce_buffer()
+        if want <= bounce.half:
+            bounce.fill(0, self._pos, want)
+            bounce.copy_out(0, buf)
         else:
-            bounce = self._bounce_buffer()
-            view = bounce.data
-            addr = int(bounce.ctypes.data)
-            for off in range(0, want, bounce.nbytes):
-                step = min(bounce.nbytes, want - off)
-                self._transfer(addr, self._pos + off, step, view[:step])
-                buf[off : off + step] = view[:step]
+            self._read_pipelined(bounce, buf)
         self._pos += want
 
-    def _bounce_buffer(self) -> np.ndarray:
+    def _read_pipelined(self, bounce: _Bounce, buf: memoryview) -> None:
+        """Two halves: the engine fills one while this thread copies the other out, so the copy
+        hides behind the transfer (both release the GIL)."""
+        pool = self._pool or ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-mooncake")
+        self._pool = pool
+        step = bounce.half
+        landing: tuple[int, int, Future[None]] | None = None
+        try:
+            for k, off in enumerate(range(0, buf.nbytes, step)):
+                n = min(step, buf.nbytes - off)
+                filling = (k % 2, off, pool.submit(bounce.fill, k % 2, self._pos + off, n))
+                if landing is not None:
+                    self._copy_landed(bounce, buf, landing)
+                landing = filling
+            if landing is not None:
+                self._copy_landed(bounce, buf, landing)
+                landing = None
+        finally:
+            if landing is not None:
+                # A failure left a transfer in flight: the bounce buffer is not free until it ends.
+                with contextlib.suppress(BaseException):
+                    landing[2].result()
+
+    @staticmethod
+    def _copy_landed(bounce: _Bounce, buf: memoryview, landed: tuple[int, int, Future[None]]) -> None:
+        half, off, future = landed
+        future.result()
+        bounce.copy_out(half, buf[off : off + min(bounce.half, buf.nbytes - off)])
+
+    def _bounce_buffer(self) -> _Bounce:
         if self._bounce is None:
-            self._bounce = np.empty(_BOUNCE_BYTES, dtype=np.uint8)
-            self._engine.register(int(self._bounce.ctypes.data), self._bounce.nbytes)
+            self._bounce = _Bounce(self._engine, self._transfer)
         return self._bounce
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         if self._bounce is not None:
-            self._engine.unregister(int(self._bounce.ctypes.data))
+            self._bounce.release()
             self._bounce = None
+
+
+class _Bounce:
+    """Registered memory reads land in, in two halves; nothing read from it is trusted before it
+    is copied out into the caller's (unregistered) buffer and hashed there."""
+
+    def __init__(self, engine: runtime.MooncakeEngine, transfer: Callable[[int, int, int, memoryview], None]):
+        self.half = _BOUNCE_BYTES // 2
+        self._engine = engine
+        self._transfer = transfer
+        self._array = np.empty(_BOUNCE_BYTES, dtype=np.uint8)
+        self._addr = int(self._array.ctypes.data)
+        engine.register(self._addr, self._array.nbytes)
+
+    def fill(self, half: int, pos: int, nbytes: int) -> None:
+        lo = half * self.half
+        self._transfer(self._addr + lo, pos, nbytes, self._array.data[lo : lo + nbytes])
+
+    def copy_out(self, half: int, dest: memoryview) -> None:
+        lo = half * self.half
+        np.copyto(np.frombuffer(dest, dtype=np.uint8), self._array[lo : lo + dest.nbytes])
+
+    def release(self) -> None:
+        self._engine.unregister(self._addr)
 
 
 class MooncakeTransport:
@@ -163,7 +234,6 @@ class MooncakeTransport:
         self._headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
         self._timeout = timeout
         self._descriptors: dict[str, Descriptor] = {}
-        self._registered: list[tuple[runtime.MooncakeEngine, int]] = []
         # A peer agent's copy may be a load still running (pipelined relay), until it says not.
         self._peer = bool(files_path)
         self._complete: set[str] = set()
@@ -197,8 +267,35 @@ class MooncakeTransport:
             descriptor = parse_descriptor(body)
         except InvalidDescriptor as exc:
             raise LoadError(Reason.SOURCE_UNREACHABLE, f"{self.uri} sent a bad descriptor: {exc}") from None
+        self._check_session(descriptor.session)
         self._descriptors[version] = descriptor
         return descriptor
+
+    def _check_session(self, session: str) -> None:
+        """The engine connects to the descriptor's `session`: only the URI's own host, at an
+        address the source policy allows for the URI (the ports are the engine's own choice,
+        so a rule's port cannot apply to them)."""
+        host, _, port = session.rpartition(":")
+        host = host.removeprefix("[").removesuffix("]").lower()
+        if not _same_host(host, self._host):
+            raise LoadError(
+                Reason.SOURCE_UNREACHABLE,
+                f"{self.uri} named {session!r} as where to read its bytes; this agent reads a "
+                f"Mooncake server only at its own host {self._host}",
+            )
+        if self._policy is None:
+            return
+        try:
+            infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise LoadError(Reason.SOURCE_UNREACHABLE, f"{self.uri}: {session}: {exc}") from None
+        for *_, sockaddr in infos:
+            try:
+                self._policy.check_address(self.uri, ipaddress.ip_address(sockaddr[0]))
+            except SourceRefused as exc:
+                raise LoadError(
+                    Reason.SOURCE_UNREACHABLE, f"{self.uri}: its data connection {session}: {exc}"
+                ) from None
 
     def fetch_manifest(self, version: str, max_bytes: int) -> bytes:
         raw = self._descriptor(version, max_bytes).manifest
@@ -213,24 +310,6 @@ class MooncakeTransport:
             return runtime.engine_for(protocol)
         except runtime.MooncakeUnavailable as exc:
             raise LoadError(Reason.SOURCE_UNREACHABLE, str(exc)) from None
-
-    def register_buffer(self, version: str, buf: memoryview) -> Callable[[], None]:
-        """Register a destination buffer with the engine that reads `version`, so reads land
-        in it directly; the returned call unregisters it (`close` does too)."""
-        if buf.nbytes == 0:
-            return lambda: None
-        engine = self._engine(self._descriptor(version, DEFAULT_MAX_MANIFEST_BYTES).protocol)
-        addr = runtime.address_of(buf)
-        engine.register(addr, buf.nbytes)
-        entry = (engine, addr)
-        self._registered.append(entry)
-
-        def unregister() -> None:
-            if entry in self._registered:
-                self._registered.remove(entry)
-                engine.unregister(addr)
-
-        return unregister
 
     def open_range(self, version: str, file: str, start: int, end: int) -> ByteStream:
         if start == end:
@@ -276,6 +355,4 @@ class MooncakeTransport:
                 )
 
     def close(self) -> None:
-        for engine, addr in self._registered:
-            engine.unregister(addr)
-        self._registered.clear()
+        self._files.close()
