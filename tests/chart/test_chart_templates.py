@@ -490,7 +490,8 @@ def test_the_pod_status_policy_lets_a_worker_change_only_its_weights_ready_condi
 def test_worker_network_policy_lets_only_the_operator_and_peers_reach_the_agent(helm: Helm) -> None:
     assert helm.template({"workerRbac": {"enabled": True}}).of_kind("NetworkPolicy") == []
     scraper = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
-    policy_values = {"enabled": True, "mooncakePorts": [15000, 15001], "metricsFrom": scraper}
+    mooncake = {"enabled": True, "minPort": 15100, "maxPort": 15199}
+    policy_values = {"enabled": True, "mooncake": mooncake, "metricsFrom": scraper}
     rendered = helm.template(
         {"workerRbac": {"enabled": True, "namespaces": ["rl-a", "rl-b"], "networkPolicy": policy_values}}
     )
@@ -508,8 +509,14 @@ def test_worker_network_policy_lets_only_the_operator_and_peers_reach_the_agent(
         assert operator["podSelector"]["matchLabels"].items() <= operator_labels.items()
         assert peers == {"podSelector": workers}
         assert metrics == {"ports": [{"port": 8090, "protocol": "TCP"}], "from": scraper}
-        assert mooncake["ports"] == [{"port": p, "protocol": "TCP"} for p in (15000, 15001)]
+        assert mooncake["ports"] == [{"port": 15100, "endPort": 15199, "protocol": "TCP"}]
         assert mooncake["from"] == [{"podSelector": workers}]
+    # Mooncake not enabled: no one reaches its ports (the policy lists only the agent and metrics).
+    rendered = helm.template({"workerRbac": {"enabled": True, "networkPolicy": {"enabled": True}}})
+    assert len(rendered.one("NetworkPolicy")["spec"]["ingress"]) == 2
+    upside_down = {"enabled": True, "mooncake": {"enabled": True, "minPort": 17000, "maxPort": 15000}}
+    error = helm.template_error({"workerRbac": {"enabled": True, "networkPolicy": upside_down}})
+    assert "minPort is above maxPort" in error
 
 
 def test_worker_rbac_defaults_to_the_release_namespace_and_an_existing_account(helm: Helm) -> None:

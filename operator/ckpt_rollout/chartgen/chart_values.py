@@ -432,6 +432,30 @@ class WorkerServiceAccount(ApiModel):
     ] = "ckpt-rollout-worker"
 
 
+class WorkerMooncakePorts(ApiModel):
+    enabled: Annotated[
+        bool,
+        _field(
+            "Let worker pods (and only them) reach each other's Mooncake ports. Set it when the agents "
+            "use Mooncake: with the policy on and this off, no one reaches those ports and Mooncake "
+            "peers fall back to the source."
+        ),
+    ] = False
+    min_port: Annotated[
+        int,
+        _field(
+            "Lowest port of the range the engine picks its handshake and data ports from at random "
+            "(MC_MIN_RPC_PORT in the worker's environment; Mooncake's default 15000).",
+            ge=1,
+            le=65535,
+        ),
+    ] = 15000
+    max_port: Annotated[
+        int,
+        _field("Highest port of that range (MC_MAX_RPC_PORT; Mooncake's default 17000).", ge=1, le=65535),
+    ] = 17000
+
+
 class WorkerNetworkPolicy(ApiModel):
     enabled: Annotated[
         bool,
@@ -453,10 +477,15 @@ class WorkerNetworkPolicy(ApiModel):
             "(Prometheus runs wherever the cluster keeps it)."
         ),
     ] = []
-    mooncake_ports: Annotated[
-        list[Annotated[int, Field(ge=1, le=65535)]],
-        _field("Ports the agents' Mooncake relay listens on (--relay-mooncake): worker pods only."),
-    ] = []
+    mooncake: Annotated[
+        WorkerMooncakePorts,
+        _field(
+            "The Mooncake transfer engine's ports (agents run with --relay-mooncake, or read mooncake:// "
+            "sources or peers). The engine listens on every address of the pod and serves its "
+            "registered memory, reads and writes, to whoever connects, with no credential: this "
+            "policy is what keeps others out."
+        ),
+    ] = WorkerMooncakePorts()
 
 
 class WorkerRbac(ApiModel):
