@@ -1,6 +1,6 @@
-"""Scoped agent credentials and RBAC authorization on the local control plane (#16): the operator
-mints a token per worker namespace (audience ckpt-rollout-agent/<namespace>) that no other
-namespace's agent accepts, and agents obey only callers the chart's RBAC grants (SubjectAccess-
+"""Scoped agent credentials and RBAC authorization on the local control plane (#16, #32): the
+operator mints a token per agent (audience ckpt-rollout-agent/<namespace>/<pod>) that no other
+agent accepts, and agents obey only callers the chart's RBAC grants (SubjectAccess-
 Review on agents.rollout.ckpt.dev), the allow-list being the explicit fallback."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from ckpt_api.constants import agent_audience
+from ckpt_api.constants import agent_audience, agent_pod_audience
 from ckpt_e2e.catalog import model_flags
 from ckpt_e2e.fixtures import ClusterHandle, fresh_namespace
 from ckpt_e2e.kubectl import Kubectl
@@ -99,6 +99,18 @@ def test_a_token_for_one_namespace_opens_no_agent_of_another(
         assert json.loads(body)["error"] == "Unauthorized"
         code, body = http_call(worker_a.url("/v1/status"), token_a)
         assert code == 200, body
+        # What the operator presents to one agent (#32 item 4): taken by that pod's agent; one
+        # for another pod (a pod that merely matched a selector received it) is refused.
+        own, other_pod = (
+            mint_token(
+                k8s_api, namespace, OPERATOR_ACCOUNT, [agent_pod_audience(agent_audience(namespace), pod)]
+            )
+            for pod in (worker_a.name, "not-this-pod")
+        )
+        assert http_call(worker_a.url("/v1/status"), own)[0] == 200
+        code, body = http_call(worker_a.url("/v1/status"), other_pod)
+        assert code == 401, body
+        assert "not valid for audience" in json.loads(body)["message"], body
         # The same operator reaches both namespaces' agents, each with its own token.
         operator = OperatorProcess(
             accounts.operator_kubeconfig,
@@ -232,41 +244,53 @@ def test_the_allow_list_fallback_ignores_rbac(
     assert http_call(worker.url("/v1/status"), fleet.token)[0] == 200
 
 
-async def test_the_operator_mints_one_token_per_namespace_and_renews_it_before_expiry(
+async def test_the_operator_mints_one_token_per_agent_and_renews_it_before_expiry(
     chart_accounts: ChartAccounts, k8s_api: client.ApiClient, namespace: str
 ) -> None:
     """TokenRequestTokens as the operator runs it, with the chart's operator account (its RBAC:
-    tokens of itself only): one token per namespace, kept until 80% of its lifetime, for that
-    namespace's audience; another account's tokens are refused with the apiserver's status."""
+    tokens of itself only): one token per agent, kept until 80% of its lifetime, for that pod's
+    audience alone (an agent accepts its namespace's audience and its own pod's, #32 item 4);
+    another account's tokens are refused with the apiserver's status."""
     from kubernetes_asyncio import config as async_config
+
+    def audiences_of(ns: str, pod: str) -> list[str]:
+        """What that pod's agent reviews a token for."""
+        return [agent_audience(ns), agent_pod_audience(agent_audience(ns), pod)]
 
     now = [0.0]
     api = await async_config.new_client_from_config(config_file=str(chart_accounts.operator_kubeconfig))
     try:
         tokens = TokenRequestTokens(api, (namespace, OPERATOR_ACCOUNT), seconds=600, clock=lambda: now[0])
-        first = await tokens.for_namespace(namespace)
-        assert await tokens.for_namespace(namespace) == first
-        elsewhere = await tokens.for_namespace("elsewhere")
-        assert tokens.minted == 2
-        now[0] = 479.0  # just before 80% of 600 s
-        assert await tokens.for_namespace(namespace) == first
-        now[0] = 481.0
-        renewed = await tokens.for_namespace(namespace)
+        first = await tokens.for_agent(namespace, "w-0")
+        assert await tokens.for_agent(namespace, "w-0") == first
+        neighbour = await tokens.for_agent(namespace, "w-1")
+        elsewhere = await tokens.for_agent("elsewhere", "w-0")
         assert tokens.minted == 3
+        now[0] = 479.0  # just before 80% of 600 s
+        assert await tokens.for_agent(namespace, "w-0") == first
+        now[0] = 481.0
+        renewed = await tokens.for_agent(namespace, "w-0")
+        assert tokens.minted == 4
         assert renewed != first
 
         authn = client.AuthenticationV1Api(k8s_api)
-        for token, ns in ((renewed, namespace), (elsewhere, "elsewhere")):
-            spec = client.V1TokenReviewSpec(token=token, audiences=[agent_audience(ns)])
+
+        def authenticated(token: str, audiences: list[str]) -> bool:
+            spec = client.V1TokenReviewSpec(token=token, audiences=audiences)
             status = authn.create_token_review(client.V1TokenReview(spec=spec)).status
-            assert status.authenticated, status.error
-            assert status.user.username == chart_accounts.operator_username
-        spec = client.V1TokenReviewSpec(token=elsewhere, audiences=[agent_audience(namespace)])
-        assert not authn.create_token_review(client.V1TokenReview(spec=spec)).status.authenticated
+            assert not status.authenticated or status.user.username == chart_accounts.operator_username
+            return bool(status.authenticated)
+
+        assert authenticated(renewed, audiences_of(namespace, "w-0"))
+        assert authenticated(neighbour, audiences_of(namespace, "w-1"))
+        assert authenticated(elsewhere, audiences_of("elsewhere", "w-0"))
+        # Refused by every other agent: of its namespace, and of another namespace.
+        assert not authenticated(neighbour, audiences_of(namespace, "w-0"))
+        assert not authenticated(elsewhere, audiences_of(namespace, "w-0"))
 
         foreign = TokenRequestTokens(api, (namespace, WORKER_ACCOUNT))
         with pytest.raises(AgentTokenUnavailable, match="HTTP 403"):
-            await foreign.for_namespace(namespace)
+            await foreign.for_agent(namespace, "w-0")
     finally:
         await api.close()
 
@@ -283,16 +307,16 @@ async def test_a_token_whose_renewal_hangs_is_presented_until_it_expires_and_no_
     api = await async_config.new_client_from_config(config_file=str(chart_accounts.operator_kubeconfig))
     try:
         tokens = TokenRequestTokens(api, (namespace, OPERATOR_ACCOUNT), seconds=600, clock=lambda: now[0])
-        held = await tokens.for_namespace(namespace)
+        held = await tokens.for_agent(namespace, "w-0")
         with cluster.local.apiserver_frozen():
             now[0] = 500.0  # renewal due (480), still valid (600)
             started = time.monotonic()
-            assert await tokens.for_namespace(namespace) == held
+            assert await tokens.for_agent(namespace, "w-0") == held
             assert time.monotonic() - started < TOKEN_REQUEST_TIMEOUT_S + 5
             now[0] = 601.0
             with pytest.raises(AgentTokenUnavailable):
-                await tokens.for_namespace(namespace)
+                await tokens.for_agent(namespace, "w-0")
         assert tokens.minted == 1
-        assert await tokens.for_namespace(namespace) != held  # the apiserver is back
+        assert await tokens.for_agent(namespace, "w-0") != held  # the apiserver is back
     finally:
         await api.close()

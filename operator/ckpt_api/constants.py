@@ -19,10 +19,18 @@ DEFAULT_AGENT_AUDIENCE = "ckpt-rollout-agent"
 
 
 def agent_audience(namespace: str, base: str = DEFAULT_AGENT_AUDIENCE) -> str:
-    """The audience of the token the operator presents to the agents of one worker namespace
-    (an agent runs with `--tokenreview-audience=<base>/$(POD_NAMESPACE)`): a token captured in
-    one namespace is refused by every other namespace's agents."""
+    """The audience of the agents of one worker namespace (an agent runs with
+    `--tokenreview-audience=<base>/$(POD_NAMESPACE)`): a token captured in one namespace is
+    refused by every other namespace's agents. Peers read each other's relay with it."""
     return f"{base}/{namespace}"
+
+
+def agent_pod_audience(namespace_audience: str, pod: str) -> str:
+    """The audience of the token the operator presents to one agent: its namespace's audience
+    and its pod's name. An agent accepts its own and its namespace's, so what a pod receives
+    from the operator (one that merely matches a selector, or anyone holding the namespace's
+    agent certificate) opens no other agent."""
+    return f"{namespace_audience}/{pod}"
 
 
 # What an agent asks SubjectAccessReview about a caller (kube-rbac-proxy's model), in the agent's

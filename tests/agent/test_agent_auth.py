@@ -17,6 +17,7 @@ from ckpt_agent.server.auth import (
     UserInfo,
     access_for,
     access_review,
+    audience_refusal,
     bearer_token,
     decide_access_review,
     decide_token_review,
@@ -172,6 +173,33 @@ def test_token_review_decisions_for_access_review(
     decision = decide_token_review(status, "ckpt-rollout-agent/rl", None)
     assert (decision.status, decision.user) == (code, user)
     assert decision.reason
+
+
+OURS = ("ckpt-rollout-agent/rl", "ckpt-rollout-agent/rl/w-0")  # this agent's: namespace, pod
+
+
+@pytest.mark.parametrize(
+    ("token_audiences", "code"),
+    [
+        (["ckpt-rollout-agent/rl/w-0"], 200),  # the operator's token for this agent
+        (["ckpt-rollout-agent/rl"], 200),  # a peer's (namespace-wide)
+        (["ckpt-rollout-agent/rl/w-1"], 401),  # the operator's for another pod: never reused here
+        (["ckpt-rollout-agent/rl/w-0x"], 401),
+        (["ckpt-rollout-agent/other/w-0"], 401),
+    ],
+)
+def test_an_agent_accepts_its_namespaces_audience_and_its_pods_own(
+    token_audiences: list[str], code: int
+) -> None:
+    """#32 item 4: what the operator presents to one pod opens no other agent."""
+    # The apiserver answers with the requested audiences the token is valid for.
+    valid = [a for a in OURS if a in token_audiences]
+    status = {"authenticated": bool(valid), "audiences": valid, "user": REVIEWED_USER}
+    assert decide_token_review(status, OURS, None).status == code
+    refusal = audience_refusal({"aud": token_audiences}, OURS)
+    assert (refusal.status if refusal else 200) == code
+    if refusal is not None:
+        assert "'ckpt-rollout-agent/rl/w-0'" in refusal.reason
 
 
 @pytest.mark.parametrize(

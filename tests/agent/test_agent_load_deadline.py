@@ -192,7 +192,9 @@ async def test_cancel_load_stops_a_stalled_load_of_that_version_only(
     parts = urlsplit(client.url)
     operator = OperatorAgentClient(NoToken(), timeout_s=15, connect_attempts=1)
     try:
-        result = await operator.cancel_load(str(parts.hostname), int(parts.port or 0), "v2", namespace="rl")
+        result = await operator.cancel_load(
+            str(parts.hostname), int(parts.port or 0), "v2", namespace="rl", pod="w-0"
+        )
     finally:
         await operator.close()
 

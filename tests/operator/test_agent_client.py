@@ -73,7 +73,7 @@ async def test_update_request_goes_out_as_the_agent_parses_it(
         source=SourceRef(uri="http://src:8000", manifestDigest=DIGEST),
         rollout=RolloutRef(namespace="rl", name="fleet", uid="u-1", wave=2, report=False),
     )
-    result = await client.update_weights("127.0.0.1", port, request, namespace="rl")
+    result = await client.update_weights("127.0.0.1", port, request, namespace="rl", pod="w-0")
 
     assert result.accepted
     assert received == [
@@ -99,7 +99,7 @@ async def test_status_comes_back_parsed(
     )
     # A newer agent's extra field is ignored rather than refused.
     route("/v1/status", _reply({**sent.to_wire(), "added_later": 1}))
-    result = await client.status("127.0.0.1", port, namespace="rl")
+    result = await client.status("127.0.0.1", port, namespace="rl", pod="w-0")
 
     assert result.accepted
     assert result.agent_status == sent
@@ -115,7 +115,7 @@ async def test_a_status_body_that_is_no_agent_status_is_no_answer(
 ) -> None:
     _, route, port = agent
     route("/v1/status", _reply(body))
-    result = await client.status("127.0.0.1", port, namespace="rl")
+    result = await client.status("127.0.0.1", port, namespace="rl", pod="w-0")
 
     assert not result.accepted
     assert result.agent_status is None
@@ -129,14 +129,14 @@ async def test_error_bodies_are_read_with_the_model(
     busy = ErrorBody(error="LoadInProgress", message="a load of v3 is running", target="v3")
     route("/v1/update_weights", _reply(busy.to_wire(), 409))
     result = await client.update_weights(
-        "127.0.0.1", port, UpdateWeightsRequest(version="v2"), namespace="rl"
+        "127.0.0.1", port, UpdateWeightsRequest(version="v2"), namespace="rl", pod="w-0"
     )
 
     assert result.busy
     assert result.error_body() == busy
     route("/v1/update_weights", _reply({"detail": "bad gateway"}, 502))
     result = await client.update_weights(
-        "127.0.0.1", port, UpdateWeightsRequest(version="v2"), namespace="rl"
+        "127.0.0.1", port, UpdateWeightsRequest(version="v2"), namespace="rl", pod="w-0"
     )
     assert result.error_body() is None
 
@@ -156,16 +156,16 @@ def test_agent_urls_bracket_ipv6_pod_ips(ip: str, tls: bool, url: str) -> None:
     assert SourceRef(uri="file:///x", peer=url).peer == url
 
 
-class _PerNamespace:
-    """Tokens the way TokenRequestTokens hands them out: one per namespace, or none to be had."""
+class _PerAgent:
+    """Tokens the way TokenRequestTokens hands them out: one per agent, or none to be had."""
 
-    async def for_namespace(self, namespace: str) -> str:
+    async def for_agent(self, namespace: str, pod: str) -> str:
         if namespace == "away":
             raise AgentTokenUnavailable("TokenRequest failed: HTTP 503")
-        return f"token-of-{namespace}"
+        return f"token-of-{namespace}/{pod}"
 
 
-async def test_the_token_presented_is_the_one_of_the_namespace_called(
+async def test_the_token_presented_is_the_one_of_the_agent_called(
     agent: tuple[list[Any], Callable[[str, Handler], None], int],
 ) -> None:
     _, route, port = agent
@@ -176,15 +176,20 @@ async def test_the_token_presented_is_the_one_of_the_namespace_called(
         return web.json_response(AgentStatus(version="v1", state="idle").to_wire())
 
     route("/v1/status", status)
-    client = AgentClient(_PerNamespace(), timeout_s=5, connect_attempts=1)
+    client = AgentClient(_PerAgent(), timeout_s=5, connect_attempts=1)
     try:
-        await client.status("127.0.0.1", port, namespace="team-a")
-        await client.status("127.0.0.1", port, namespace="team-b")
-        unavailable = await client.status("127.0.0.1", port, namespace="away")
+        await client.status("127.0.0.1", port, namespace="team-a", pod="w-0")
+        await client.status("127.0.0.1", port, namespace="team-a", pod="w-1")
+        await client.status("127.0.0.1", port, namespace="team-b", pod="w-0")
+        unavailable = await client.status("127.0.0.1", port, namespace="away", pod="w-0")
     finally:
         await client.close()
 
-    assert seen == ["Bearer token-of-team-a", "Bearer token-of-team-b"], "nothing sent without a token"
+    assert seen == [
+        "Bearer token-of-team-a/w-0",
+        "Bearer token-of-team-a/w-1",
+        "Bearer token-of-team-b/w-0",
+    ], "nothing sent without a token"
     assert (unavailable.status, unavailable.connected) == (0, False)
     assert "HTTP 503" in unavailable.error
 
@@ -193,7 +198,7 @@ async def test_a_token_file_is_re_read_when_it_changes(tmp_path: Path) -> None:
     path = tmp_path / "token"
     path.write_text("first\n")
     tokens = TokenFile(str(path))
-    assert await tokens.for_namespace("a") == await tokens.for_namespace("b") == "first"
+    assert await tokens.for_agent("a", "p") == await tokens.for_agent("b", "q") == "first"
     path.write_text("second")
     os.utime(path, (1, 1))
-    assert await tokens.for_namespace("a") == "second"
+    assert await tokens.for_agent("a", "p") == "second"

@@ -46,7 +46,7 @@ async def agent(pki: ClusterPKI) -> AsyncIterator[Agent]:
 async def _status(agent: Agent, ca: Path, namespace: str) -> tuple[int, str, bool]:
     client = AgentClient(NoToken(), timeout_s=5, connect_attempts=1, ca=ca_context(ca))
     try:
-        result = await client.status("127.0.0.1", agent.server.port, namespace=namespace)
+        result = await client.status("127.0.0.1", agent.server.port, namespace=namespace, pod="w-0")
     finally:
         await client.close()
     return result.status, result.error, result.connected
@@ -66,7 +66,7 @@ async def test_a_wrong_ca_or_namespace_fails_the_call_naming_tls(
     client = AgentClient(NoToken(), timeout_s=5, connect_attempts=3, ca=ca_context(ca))
     try:
         result = await client.update_weights(
-            "127.0.0.1", agent.server.port, UpdateWeightsRequest(version="v2"), namespace=namespace
+            "127.0.0.1", agent.server.port, UpdateWeightsRequest(version="v2"), namespace=namespace, pod="w-0"
         )
     finally:
         await client.close()

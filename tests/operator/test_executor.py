@@ -42,7 +42,7 @@ class Agents:
         self.called_before_recorded: list[str] = []
 
     async def update_weights(
-        self, ip: str, port: int, request: UpdateWeightsRequest, *, namespace: str
+        self, ip: str, port: int, request: UpdateWeightsRequest, *, namespace: str, pod: str = ""
     ) -> CallResult:
         name = f"w-{int(ip.rsplit('.', 1)[1]) - 1:03d}"
         called = {p for w in (self.api.obj.get("status") or {}).get("waves", []) for p in w.get("called", [])}
@@ -58,7 +58,7 @@ class Agents:
             return CallResult(503, {"error": "AuthUnavailable", "message": "token review unavailable"})
         return CallResult(self.answer, {"accepted": True, "version": request.version})
 
-    async def status(self, ip: str, port: int, *, namespace: str) -> CallResult:
+    async def status(self, ip: str, port: int, *, namespace: str, pod: str = "") -> CallResult:
         status = AgentStatus(version="v1", state=AgentState.IDLE)
         return CallResult(200, status.to_wire(), agent_status=status)
 
@@ -141,13 +141,13 @@ class SlowAgents(Agents):
         self.asked: list[str] = []
 
     async def update_weights(
-        self, ip: str, port: int, request: UpdateWeightsRequest, *, namespace: str
+        self, ip: str, port: int, request: UpdateWeightsRequest, *, namespace: str, pod: str = ""
     ) -> CallResult:
         name = f"w-{int(ip.rsplit('.', 1)[1]) - 1:03d}"
         self.calls.append(name)
         return CallResult(0, {}, "TimeoutError: ")
 
-    async def status(self, ip: str, port: int, *, namespace: str) -> CallResult:
+    async def status(self, ip: str, port: int, *, namespace: str, pod: str = "") -> CallResult:
         name = f"w-{int(ip.rsplit('.', 1)[1]) - 1:03d}"
         self.asked.append(name)
         status = AgentStatus(version="v2" if name == "w-000" else "v1", state=AgentState.IDLE)

@@ -165,7 +165,7 @@ test_decide, test_every_step_comes_to_rest = table_tests(CASES)
 class _AgentsOnV2(Agents):
     """Agents that, asked for their status, have loaded v2 from the manifest with digest D2."""
 
-    async def status(self, ip: str, port: int, *, namespace: str) -> CallResult:
+    async def status(self, ip: str, port: int, *, namespace: str, pod: str = "") -> CallResult:
         status = AgentStatus(version="v2", state=AgentState.IDLE, manifest_digest=D2)
         return CallResult(200, status.to_wire(), agent_status=status)
 

@@ -47,7 +47,7 @@ class FakeAgents:
         self.pushes = 0
 
     async def update_weights(
-        self, ip: str, port: int, request: UpdateWeightsRequest, *, namespace: str
+        self, ip: str, port: int, request: UpdateWeightsRequest, *, namespace: str, pod: str = ""
     ) -> CallResult:
         name = self.by_ip[ip]
         # What goes on the wire parses back to the same request on the agent's side.
@@ -64,7 +64,7 @@ class FakeAgents:
             self.api.obj = {**self.api.obj, "status": status}
         return CallResult(202, {"accepted": True})
 
-    async def status(self, ip: str, port: int, *, namespace: str) -> CallResult:
+    async def status(self, ip: str, port: int, *, namespace: str, pod: str = "") -> CallResult:
         self.pulls += 1
         name = self.by_ip[ip]
         failed = name in self.failing

@@ -120,7 +120,7 @@ class FakeAgents:
         self.live[pod.name] = "v1"
 
     async def update_weights(
-        self, ip: str, port: int, request: UpdateWeightsRequest, *, namespace: str
+        self, ip: str, port: int, request: UpdateWeightsRequest, *, namespace: str, pod: str = ""
     ) -> CallResult:
         name = self.by_ip[ip]
         if name in self.unreachable:
@@ -160,7 +160,9 @@ class FakeAgents:
         )
         self.api.agent_patch(worker_status_patch(name, entry))
 
-    async def cancel_load(self, ip: str, port: int, version: str, *, namespace: str) -> CallResult:
+    async def cancel_load(
+        self, ip: str, port: int, version: str, *, namespace: str, pod: str = ""
+    ) -> CallResult:
         """As the agent's route: a stuck load stops (old weights serving); with none, 404."""
         name = self.by_ip[ip]
         if name in self.unreachable:
@@ -171,7 +173,7 @@ class FakeAgents:
         self.cancelled.append((name, version))
         return CallResult(200, {"version": version, "ended": True, "liveVersion": self.live[name]})
 
-    async def status(self, ip: str, port: int, *, namespace: str) -> CallResult:
+    async def status(self, ip: str, port: int, *, namespace: str, pod: str = "") -> CallResult:
         name = self.by_ip[ip]
         if name in self.unreachable:
             return CallResult(0, {}, "ClientOSError: connection reset")

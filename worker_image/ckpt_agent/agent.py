@@ -25,6 +25,7 @@ from ckpt_agent.server.kube import kube_config_available, new_api_client
 from ckpt_agent.service.reporting import DisabledReporter, KubeReporter, StatusReporter
 from ckpt_agent.service.service import AgentService, NoRelayToken, RelayCredential
 from ckpt_agent.transport.mooncake.runtime import UNSPECIFIED_HOSTS
+from ckpt_api.constants import agent_pod_audience
 from ckpt_api.tls import ReloadingContext, agent_server_name, ca_context, listening_context
 
 log = logging.getLogger(__name__)
@@ -219,10 +220,12 @@ async def build_agent(config: AgentConfig) -> Agent:
         if config.auth.access_review:
             assert config.pod_namespace is not None  # validated
             target = AccessReviewTarget(config.pod_namespace, config.pod_name)
+        audience = config.auth.tokenreview_audience
         authenticator = TokenReviewAuthenticator(
             api_client,
-            config.auth.tokenreview_audience,
+            audience,
             config.auth.allowed_usernames,
+            pod_audience=agent_pod_audience(audience, config.pod_name) if config.pod_name else None,
             target=target,
             relay_usernames=config.auth.relay_usernames,
         )

@@ -399,8 +399,9 @@ def _add_agent_parser(sub: SubParsers) -> None:
     p.add_argument("--auth-token-file", help="accept the bearer token stored in this file")
     p.add_argument(
         "--tokenreview-audience",
-        help="check bearer tokens with TokenReview for this audience (the operator mints "
-        "ckpt-rollout-agent/NAMESPACE: pass ckpt-rollout-agent/$(POD_NAMESPACE)); then authorize "
+        help="check bearer tokens with TokenReview for this audience (pass "
+        "ckpt-rollout-agent/$(POD_NAMESPACE): peers present it) or, with POD_NAME set, for "
+        "AUDIENCE/POD_NAME (what the operator mints for this agent alone); then authorize "
         "each caller by SubjectAccessReview in POD_NAMESPACE: `update` agents.rollout.ckpt.dev "
         "(named POD_NAME) for control calls, `get` for reads, `get` agents/relay for the relay",
     )

@@ -171,10 +171,10 @@ class AgentAuth(ApiModel):
     per_namespace_tokens: Annotated[
         bool,
         _field(
-            "The operator mints a token of its own ServiceAccount per worker namespace "
-            "(TokenRequest, audience AUDIENCE/NS), so a token captured in one namespace opens no "
-            "agent in another. false: one projected token for the audience itself, presented to "
-            "every namespace (legacy)."
+            "The operator mints a token of its own ServiceAccount per agent (TokenRequest, "
+            "audience AUDIENCE/NS/POD), so what one pod receives opens no other agent, in its "
+            "namespace or another (the name is kept from when these were per namespace). false: "
+            "one projected token for the audience itself, presented to every agent (legacy)."
         ),
     ] = True
     token_expiration_seconds: Annotated[

@@ -192,7 +192,7 @@ class Reconciler:
             async with sem:
                 started = time.monotonic()
                 result = await self.agents.update_weights(
-                    call.ip, call.port, call.request, namespace=namespace
+                    call.ip, call.port, call.request, namespace=namespace, pod=call.pod
                 )
                 metrics.AGENT_CALL_SECONDS.labels("update_weights").observe(time.monotonic() - started)
             record_call(memory, call, result, self.tuning, time.monotonic(), rfc3339(time.time()))
@@ -204,7 +204,10 @@ class Reconciler:
         if not cancels:
             return
         results = await asyncio.gather(
-            *(self.agents.cancel_load(c.ip, c.port, c.version, namespace=namespace) for c in cancels)
+            *(
+                self.agents.cancel_load(c.ip, c.port, c.version, namespace=namespace, pod=c.pod)
+                for c in cancels
+            )
         )
         for cancel, result in zip(cancels, results, strict=True):
             said = "cancelled" if result.status == 200 else f"not cancelled ({result.status or result.error})"
@@ -214,7 +217,7 @@ class Reconciler:
         if not pulls:
             return
         results = await asyncio.gather(
-            *(self.agents.status(p.ip, p.port, namespace=namespace) for p in pulls)
+            *(self.agents.status(p.ip, p.port, namespace=namespace, pod=p.pod) for p in pulls)
         )
         now = time.monotonic()
         for pull, result in zip(pulls, results, strict=True):
@@ -223,7 +226,8 @@ class Reconciler:
     async def _probe(self, plan: Plan, memory: Memory, namespace: str) -> None:
         if plan.probe is None:
             return
-        result = await self.agents.status(plan.probe.ip, plan.probe.port, namespace=namespace)
+        probe = plan.probe
+        result = await self.agents.status(probe.ip, probe.port, namespace=namespace, pod=probe.pod)
         served = result.agent_status.version if result.agent_status is not None else None
         memory.probed = (plan.probe.pod, served)
 

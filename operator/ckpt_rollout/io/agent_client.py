@@ -80,9 +80,9 @@ class AgentClient:
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
 
-    async def _headers(self, namespace: str) -> dict[str, str]:
-        # The credential of the pod's own namespace: no other namespace's agents accept it.
-        token = await self._tokens.for_namespace(namespace)
+    async def _headers(self, namespace: str, pod: str) -> dict[str, str]:
+        # The credential of this pod's agent alone: no other agent accepts it.
+        token = await self._tokens.for_agent(namespace, pod)
         return {"Authorization": f"Bearer {token}"} if token else {}
 
     async def _ensure(self) -> aiohttp.ClientSession:
@@ -96,10 +96,10 @@ class AgentClient:
             await self._session.close()
 
     async def _call(
-        self, method: str, url: str, payload: dict[str, Any] | None, namespace: str
+        self, method: str, url: str, payload: dict[str, Any] | None, namespace: str, pod: str
     ) -> CallResult:
         try:
-            headers = await self._headers(namespace)
+            headers = await self._headers(namespace, pod)
         except AgentTokenUnavailable as exc:
             # Nothing was sent: like an agent not listening yet, the step calls again later.
             return CallResult(0, {}, str(exc), connected=False, why_none=NoAnswer.TOKEN)
@@ -143,19 +143,19 @@ class AgentClient:
         return f"{agent_url(ip, port, tls=self._ca is not None)}{path}"
 
     async def update_weights(
-        self, ip: str, port: int, request: UpdateWeightsRequest, *, namespace: str
+        self, ip: str, port: int, request: UpdateWeightsRequest, *, namespace: str, pod: str
     ) -> CallResult:
-        """``namespace``: the pod's (its CR's), whose agents' token is presented."""
+        """``namespace``, ``pod``: whose agent is called (its token is for that agent only)."""
         url = self._url(ip, port, "/v1/update_weights")
-        return await self._call("POST", url, request.to_wire(), namespace)
+        return await self._call("POST", url, request.to_wire(), namespace, pod)
 
-    async def cancel_load(self, ip: str, port: int, version: str, *, namespace: str) -> CallResult:
+    async def cancel_load(self, ip: str, port: int, version: str, *, namespace: str, pod: str) -> CallResult:
         """Stop the agent's load of ``version`` (409 when another version loads, 404 when none)."""
         url = self._url(ip, port, "/v1/cancel_load")
-        return await self._call("POST", url, CancelLoadRequest(version=version).to_wire(), namespace)
+        return await self._call("POST", url, CancelLoadRequest(version=version).to_wire(), namespace, pod)
 
-    async def status(self, ip: str, port: int, *, namespace: str) -> CallResult:
-        result = await self._call("GET", self._url(ip, port, "/v1/status"), None, namespace)
+    async def status(self, ip: str, port: int, *, namespace: str, pod: str) -> CallResult:
+        result = await self._call("GET", self._url(ip, port, "/v1/status"), None, namespace, pod)
         if result.status != 200:
             return result
         try:

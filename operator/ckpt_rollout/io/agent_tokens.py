@@ -1,10 +1,11 @@
-"""The bearer token the operator presents to the agents of one worker namespace.
+"""The bearer token the operator presents to one agent.
 
 Default (`--agent-token-serviceaccount`): a TokenRequest token of the operator's own
-ServiceAccount per namespace, for the audience `<agent audience>/<namespace>`
-(ckpt_api.constants.agent_audience), which only that namespace's agents accept: a token
-captured by a pod in one namespace opens no agent in another. Legacy (`--agent-token-file`):
-one projected token, the same for every namespace.
+ServiceAccount per agent, for the audience `<agent audience>/<namespace>/<pod>`
+(ckpt_api.constants.agent_pod_audience), which only that pod's agent accepts: a token received
+by a pod that merely matches a rollout's selector, or captured by whoever holds the namespace's
+agent certificate, opens no other agent. Legacy (`--agent-token-file`): one projected token,
+the same for every agent.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from ckpt_api.constants import DEFAULT_AGENT_AUDIENCE, agent_audience
+from ckpt_api.constants import DEFAULT_AGENT_AUDIENCE, agent_audience, agent_pod_audience
 
 log = logging.getLogger(__name__)
 
@@ -35,19 +36,19 @@ DEFAULT_TOKEN_SECONDS = 3600
 
 
 class AgentTokenUnavailable(Exception):
-    """No token could be had for a namespace (TokenRequest failed, none cached still valid)."""
+    """No token could be had for an agent (TokenRequest failed, none cached still valid)."""
 
 
 class AgentTokens(Protocol):
-    async def for_namespace(self, namespace: str) -> str | None:
-        """The token for the agents of ``namespace`` (None: present none)."""
+    async def for_agent(self, namespace: str, pod: str) -> str | None:
+        """The token for the agent of pod ``pod`` in ``namespace`` (None: present none)."""
         ...
 
 
 class NoToken:
     """Agents without authentication (`--no-auth`, local development)."""
 
-    async def for_namespace(self, namespace: str) -> str | None:
+    async def for_agent(self, namespace: str, pod: str) -> str | None:
         return None
 
 
@@ -68,7 +69,7 @@ class TokenFile:
             self._mtime = mtime
         return self._token
 
-    async def for_namespace(self, namespace: str) -> str | None:
+    async def for_agent(self, namespace: str, pod: str) -> str | None:
         return self.get()
 
 
@@ -113,8 +114,8 @@ class _Held:
 
 
 class TokenRequestTokens:
-    """Mints and caches one token per worker namespace; one TokenRequest at a time per
-    namespace, however many calls wait for it."""
+    """Mints and caches one token per agent; one TokenRequest at a time per agent, however many
+    calls wait for it. Tokens of pods gone are dropped once they expire."""
 
     def __init__(
         self,
@@ -130,31 +131,41 @@ class TokenRequestTokens:
         self._base = audience_base
         self._seconds = seconds
         self._clock = clock
-        self._held: dict[str, _Held] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._held: dict[tuple[str, str], _Held] = {}
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self.minted = 0
 
-    async def for_namespace(self, namespace: str) -> str:
-        held = self._held.get(namespace)
+    async def for_agent(self, namespace: str, pod: str) -> str:
+        key = (namespace, pod)
+        held = self._held.get(key)
         if held is not None and self._clock() < held.life.renew_at:
             return held.token
-        lock = self._locks.setdefault(namespace, asyncio.Lock())
+        lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
-            held = self._held.get(namespace)
+            held = self._held.get(key)
             if held is not None and self._clock() < held.life.renew_at:
                 return held.token  # renewed while this call waited
             try:
-                held = await self._mint(namespace)
+                held = await self._mint(namespace, pod)
             except AgentTokenUnavailable:
                 if held is not None and self._clock() < held.life.expires_at:
-                    log.warning("keeping the agent token for %s until it expires", namespace)
+                    log.warning("keeping the agent token for %s/%s until it expires", namespace, pod)
                     return held.token
                 raise
-            self._held[namespace] = held
+            self._forget_expired()
+            self._held[key] = held
             return held.token
 
-    async def _mint(self, namespace: str) -> _Held:
-        audience = agent_audience(namespace, self._base)
+    def _forget_expired(self) -> None:
+        now = self._clock()
+        for key in [k for k, h in self._held.items() if now >= h.life.expires_at]:
+            del self._held[key]
+            lock = self._locks.get(key)
+            if lock is not None and not lock.locked():
+                del self._locks[key]
+
+    async def _mint(self, namespace: str, pod: str) -> _Held:
+        audience = agent_pod_audience(agent_audience(namespace, self._base), pod)
         request = client.AuthenticationV1TokenRequest(
             spec=client.V1TokenRequestSpec(audiences=[audience], expiration_seconds=self._seconds)
         )

@@ -220,17 +220,30 @@ class StaticTokenAuthenticator:
         return AuthDecision(401, "invalid token")
 
 
+Audiences = str | tuple[str, ...]
+
+
+def _named(audiences: Audiences) -> tuple[str, ...]:
+    return (audiences,) if isinstance(audiences, str) else audiences
+
+
+def _not_ours(audiences: Audiences) -> AuthDecision:
+    ours = " or ".join(repr(a) for a in _named(audiences))
+    return AuthDecision(401, f"token is not valid for audience {ours}")
+
+
 def decide_token_review(
-    status: Mapping[str, Any], audience: str, allowed_usernames: Collection[str] | None
+    status: Mapping[str, Any], audiences: Audiences, allowed_usernames: Collection[str] | None
 ) -> AuthDecision:
     """Turn a TokenReview status into a decision (pure, so it is testable without a cluster).
+    ``audiences``: those this agent accepts (its namespace's, and its pod's own).
     ``allowed_usernames`` None: any authenticated user passes, for SubjectAccessReview to judge."""
     if not status.get("authenticated"):
         error = status.get("error") or "token not authenticated"
         return AuthDecision(401, f"token review: {error}")
-    audiences = status.get("audiences") or []
-    if audience not in audiences:
-        return AuthDecision(401, f"token is not valid for audience {audience!r}")
+    valid_for = status.get("audiences") or []
+    if not any(a in valid_for for a in _named(audiences)):
+        return _not_ours(audiences)
     user = status.get("user")
     info = UserInfo.from_review(user if isinstance(user, dict) else {})
     username = info.username or None
@@ -373,13 +386,13 @@ def unverified_claims(token: str) -> dict[str, Any] | None:
     return _b64url_json(parts[1])
 
 
-def audience_refusal(claims: Mapping[str, Any], audience: str) -> AuthDecision | None:
+def audience_refusal(claims: Mapping[str, Any], audiences: Audiences) -> AuthDecision | None:
     """A refusal that needs no TokenReview: a JWT naming other audiences only (the apiserver
     would refuse it for ours)."""
     aud = claims.get("aud")
     named = [aud] if isinstance(aud, str) else aud if isinstance(aud, list) else None
-    if named is not None and audience not in named:
-        return AuthDecision(401, f"token is not valid for audience {audience!r}")
+    if named is not None and not any(a in named for a in _named(audiences)):
+        return _not_ours(audiences)
     return None
 
 
@@ -459,6 +472,7 @@ class TokenReviewAuthenticator:
         audience: str,
         allowed_usernames: Collection[str] = (),
         *,
+        pod_audience: str | None = None,
         target: AccessReviewTarget | None = None,
         relay_usernames: Collection[str] = (),
         ttl_seconds: float = ALLOWED_TTL_S,
@@ -469,7 +483,9 @@ class TokenReviewAuthenticator:
         if (target is None) == (not allowed_usernames):
             raise ValueError("authorize by SubjectAccessReview (target) or by allowed_usernames, one of them")
         self._api = api_client
-        self._audience = audience
+        # The namespace's audience (peers' relay reads, callers of older operators) and this
+        # pod's own (the operator's calls): a token for another pod is refused.
+        self._audiences = (audience,) if pod_audience is None else (audience, pod_audience)
         self._target = target
         self._allowed = frozenset(allowed_usernames) | frozenset(relay_usernames)
         self.relay_only = frozenset(relay_usernames) - frozenset(allowed_usernames)
@@ -485,7 +501,7 @@ class TokenReviewAuthenticator:
         claims = unverified_claims(token)
         if claims is None:
             return AuthDecision(401, "token is not a signed JWT")
-        if (refused := audience_refusal(claims, self._audience)) is not None:
+        if (refused := audience_refusal(claims, self._audiences)) is not None:
             return refused
         key = hashlib.sha256(token.encode()).hexdigest()
         valid_for = seconds_left(claims, time.time())
@@ -504,12 +520,14 @@ class TokenReviewAuthenticator:
         from kubernetes_asyncio import client
 
         allowed = None if self._target is not None else self._allowed
-        body = client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token, audiences=[self._audience]))
+        body = client.V1TokenReview(
+            spec=client.V1TokenReviewSpec(token=token, audiences=list(self._audiences))
+        )
         status = await _review(client.AuthenticationV1Api(self._api).create_token_review, body, "TokenReview")
         if not isinstance(status, dict):
             decision = await self._settled(review_failed(status))
         else:
-            decision = decide_token_review(status, self._audience, allowed)
+            decision = decide_token_review(status, self._audiences, allowed)
             if decision.status == 401:  # the apiserver's word (our allow-list's is final)
                 decision = await self._settled(decision)
         if decision.status == 503:
