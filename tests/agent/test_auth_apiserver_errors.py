@@ -8,16 +8,18 @@ or 429 to one review on demand; the client and the agent's code are the real one
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from agent_testkit import jwt_shaped
+from agent_testkit import jwt_shaped, wait_until
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from kubernetes_asyncio import client
 
+from ckpt_agent.server import auth as auth_module
 from ckpt_agent.server.auth import (
     STALE_IF_UNAVAILABLE_S,
     AccessReviewTarget,
@@ -29,7 +31,7 @@ AUDIENCE = "ckpt-rollout-agent"
 USER = "system:serviceaccount:ckpt-rollout-system:ckpt-operator"
 TOKEN = jwt_shaped(sub=USER, aud=[AUDIENCE])
 # Revocation: a deleted ServiceAccount or pod, or a withdrawn binding, stops working within this.
-REVOCATION_BOUND_S = 60.0  # ckpt_agent.server.auth.ALLOWED_TTL_S (why not 10 s: see there)
+REVOCATION_BOUND_S = 10.0  # ckpt_agent.server.auth.ALLOWED_TTL_S
 TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 
@@ -42,9 +44,13 @@ class Apiserver:
         self.calls: list[str] = []
         self.authenticated = True
         self.allowed = True
+        self.hung: set[str] = set()  # reviews that wait until released
+        self.released = asyncio.Event()
 
     async def review(self, request: web.Request) -> web.Response:
         self.calls.append(request.path)
+        if request.path in self.hung:
+            await self.released.wait()
         code = self.answers[request.path]
         if code != 200:
             return web.json_response({"kind": "Status", "status": "Failure", "code": code}, status=code)
@@ -167,6 +173,40 @@ async def test_a_caller_allowed_before_an_outage_is_still_allowed_while_the_apis
     assert (await auth.authenticate(TOKEN, "POST", "/v1/update_weights")).status == 503
     stand_in.answers[failing] = 200
     assert (await auth.authenticate(TOKEN, "POST", "/v1/update_weights")).allowed
+
+
+@pytest.mark.parametrize("failing", [TOKEN_REVIEWS, ACCESS_REVIEWS])
+async def test_once_the_apiserver_is_found_away_kept_callers_wait_for_no_review(
+    apiserver: tuple[Apiserver, Any], failing: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The breaker that lets ALLOWED_TTL_S be short: an apiserver that hangs costs the first
+    review its timeout; after that, callers whose decision lapsed are answered from it without a
+    review of their own, while one review at a time (in the background) looks for the apiserver;
+    once it answers, decisions are fresh again and revocations count."""
+    monkeypatch.setattr(auth_module, "TOKENREVIEW_TIMEOUT_S", 0.5)
+    stand_in, api = apiserver
+    clock = FakeClock()
+    auth = TokenReviewAuthenticator(api, AUDIENCE, target=AccessReviewTarget("rl", "worker-0"), clock=clock)
+    assert (await auth.authenticate(TOKEN, "POST", "/v1/update_weights")).allowed
+    stand_in.hung.add(failing)
+    clock.now += REVOCATION_BOUND_S
+    # The first lapsed review meets the hung apiserver, times out, and answers from the kept one.
+    assert (await auth.authenticate(TOKEN, "POST", "/v1/update_weights")).allowed
+    asked = len(stand_in.calls)
+
+    for _ in range(20):
+        assert (await auth.authenticate(TOKEN, "POST", "/v1/update_weights")).allowed
+
+    # At most the one background review went out for those 20 callers (none waited on it).
+    assert len(stand_in.calls) - asked <= 1, stand_in.calls
+    stand_in.released.set()
+    stand_in.allowed = stand_in.authenticated = False  # revoked meanwhile
+
+    async def refused() -> bool:
+        return not (await auth.authenticate(TOKEN, "POST", "/v1/update_weights")).allowed
+
+    # Back: the background review (or the next caller's own) sees the revocation.
+    await wait_until(refused, 10, "the revocation to count once the apiserver answers")
 
 
 async def test_a_token_is_not_trusted_past_its_own_expiry(apiserver: tuple[Apiserver, Any]) -> None:

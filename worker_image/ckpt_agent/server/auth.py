@@ -12,6 +12,7 @@ settle_refusal).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -21,7 +22,7 @@ import os
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -290,11 +291,12 @@ READYZ_TRUST_S = 1.0
 # a deleted pod (for a pod-bound token) or a withdrawn RoleBinding stops working within this, and
 # never later than the token's own `exp`. A refusal is kept so that a repeated bad token costs
 # one review per window.
-# 60 s, not less: an apiserver outage makes every review wait its TOKENREVIEW_TIMEOUT_S, longer
-# than callers' own timeouts, so until a circuit breaker answers from STALE_IF_UNAVAILABLE_S at
-# once, a shorter TTL locks callers out of an outage's first minute (the real-node apiserver
-# restart scenario).
-ALLOWED_TTL_S = 60.0
+# This short only with the breaker (TokenReviewAuthenticator._away): in an outage a review waits
+# its TOKENREVIEW_TIMEOUT_S, longer than callers' own timeouts, so callers whose decision lapsed
+# every 10 s would each meet that wait; once one review found the apiserver away, they are
+# answered from their kept decision at once while one review at a time, in the background,
+# finds out when it is back.
+ALLOWED_TTL_S = 10.0
 REFUSED_TTL_S = 5.0
 # While the apiserver cannot be asked (an outage, a restart), an allowed decision is still used
 # this long past its TTL, never past the token's `exp`: nobody can learn of a revocation then
@@ -492,6 +494,10 @@ class TokenReviewAuthenticator:
         self._reviews = _Answers(ttl_seconds, negative_ttl_seconds, max_kept, clock)
         self._access = _Answers(ttl_seconds, negative_ttl_seconds, max_kept, clock)
         self._ready_until = 0.0
+        # Set when a review found the apiserver unable to answer, cleared by one that got an
+        # answer: meanwhile a lapsed allowed decision is used at once (see ALLOWED_TTL_S).
+        self._away = False
+        self._probe: asyncio.Task[object] | None = None
 
     def kept_decisions(self) -> int:
         """How many decisions are cached (bounded by ``max_kept`` per cache)."""
@@ -516,7 +522,28 @@ class TokenReviewAuthenticator:
             key, user, target, access, valid_for
         )
 
+    def _kept_while_away(
+        self, answers: _Answers, key: Any, review: Callable[[], Coroutine[Any, Any, AuthDecision]]
+    ) -> AuthDecision | None:
+        """While the apiserver is known away, the lapsed allowed decision for ``key``, answered
+        at once; ``review`` runs in the background (one at a time) to learn when it is back."""
+        if not self._away:
+            return None
+        kept = answers.stale(key)
+        if kept is not None and (self._probe is None or self._probe.done()):
+            self._probe = asyncio.get_running_loop().create_task(review())
+        return kept
+
+    def _heard(self, answered: bool) -> None:
+        self._away = not answered
+
     async def _token_review(self, key: str, token: str, valid_for: float | None) -> AuthDecision:
+        kept = self._kept_while_away(
+            self._reviews, key, lambda: self._token_review_now(key, token, valid_for)
+        )
+        return kept if kept is not None else await self._token_review_now(key, token, valid_for)
+
+    async def _token_review_now(self, key: str, token: str, valid_for: float | None) -> AuthDecision:
         from kubernetes_asyncio import client
 
         allowed = None if self._target is not None else self._allowed
@@ -524,6 +551,7 @@ class TokenReviewAuthenticator:
             spec=client.V1TokenReviewSpec(token=token, audiences=list(self._audiences))
         )
         status = await _review(client.AuthenticationV1Api(self._api).create_token_review, body, "TokenReview")
+        self._heard(isinstance(status, dict))
         if not isinstance(status, dict):
             decision = await self._settled(review_failed(status))
         else:
@@ -537,11 +565,22 @@ class TokenReviewAuthenticator:
     async def _access_review(
         self, key: str, user: UserInfo, target: AccessReviewTarget, access: Access, valid_for: float | None
     ) -> AuthDecision:
+        kept = self._kept_while_away(
+            self._access, (key, access), lambda: self._access_review_now(key, user, target, access, valid_for)
+        )
+        if kept is not None:
+            return kept
+        return await self._access_review_now(key, user, target, access, valid_for)
+
+    async def _access_review_now(
+        self, key: str, user: UserInfo, target: AccessReviewTarget, access: Access, valid_for: float | None
+    ) -> AuthDecision:
         from kubernetes_asyncio import client
 
         body = access_review(user, access, target.namespace, target.name)
         create = client.AuthorizationV1Api(self._api).create_subject_access_review
         status = await _review(create, body, "SubjectAccessReview")
+        self._heard(isinstance(status, dict))
         if not isinstance(status, dict):
             decision = await self._settled(review_failed(status, "access review", refused=403))
         else:
