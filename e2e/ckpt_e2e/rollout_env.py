@@ -400,7 +400,7 @@ OPERATOR_PROCESS = ProcessLauncher([*CLI, "operator"])
 
 @dataclass(frozen=True)
 class MintedAgentTokens:
-    """The operator mints its agents' tokens, one audience per worker namespace, for this
+    """The operator mints its agents' tokens, one audience per agent (pod), for this
     ServiceAccount of its own (--agent-token-serviceaccount; the chart's default). A token file
     instead is the legacy mode: that one token for every namespace."""
 
