@@ -80,7 +80,8 @@ async def test_reads_land_through_a_bounce_buffer_in_memory_never_registered(
 ) -> None:
     """The caller's buffer gets the shard's bytes, including ranges that straddle tensors and,
     with a small bounce buffer, reads spanning many of its halves (filled in turn while the
-    other is copied out); and it is never registered with the engine (anyone could write it)."""
+    other is copied out and handed to the caller's hash); and it is never registered with the
+    engine (anyone could write it)."""
     import numpy as np
 
     from ckpt_agent.transport.mooncake import client
@@ -100,10 +101,13 @@ async def test_reads_land_through_a_bounce_buffer_in_memory_never_registered(
             half = len(expected) // 2 + 3  # not on a tensor boundary
             stream.readinto(dest.data[:half])
             assert not engine.covers(int(dest.ctypes.data), 1)
-            stream.readinto(dest.data[half:])
+            parts: list[bytes] = []  # what a hash sees: each part once it is in the caller's buffer
+            stream.readinto_landed(dest.data[half:], lambda part: parts.append(bytes(part)))
         finally:
             stream.close()
         assert dest.tobytes() == expected
+        assert b"".join(parts) == expected[half:]
+        assert max(len(p) for p in parts) <= max(bounce_bytes // 2, 1)
 
     try:
         await asyncio.to_thread(check)

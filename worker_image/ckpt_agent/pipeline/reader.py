@@ -332,10 +332,16 @@ def _read_tensor(
                 _inspect(piece, hasher, scan)
                 progress.add(piece.nbytes)
     else:
+        # Streams that copy bytes in part by part (Mooncake's bounce buffer) let the hash run on
+        # each part as it lands, while the next is in flight.
+        read_landed = getattr(stream, "readinto_landed", None) if inspect else None
         for piece in _pieces(buf, entry.nbytes if whole else chunk_bytes):
             _check_cancel(cancelled)
-            stream.readinto(piece)
-            _inspect(piece, hasher, scan)
+            if read_landed is not None:
+                read_landed(piece, lambda part: _inspect(part, hasher, scan))
+            else:
+                stream.readinto(piece)
+                _inspect(piece, hasher, scan)
             progress.add(piece.nbytes)
     mismatch = None if check is None else check.mismatch(what)
     if mismatch is not None:

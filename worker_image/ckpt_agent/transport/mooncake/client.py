@@ -120,6 +120,12 @@ class _MooncakeStream:
             )
 
     def readinto(self, buf: memoryview) -> None:
+        self.readinto_landed(buf, None)
+
+    def readinto_landed(self, buf: memoryview, landed: Callable[[memoryview], None] | None) -> None:
+        """`readinto`, calling `landed(part)` for each part of `buf` in order once it is copied in,
+        while the engine transfers the next: a caller hashing there hides the hash behind the
+        transfer, over memory that is its own by then."""
         want = buf.nbytes
         if self._pos + want > self._end:
             raise ValueError("read past the end of the requested range")
@@ -131,11 +137,15 @@ class _MooncakeStream:
         if want <= bounce.half:
             bounce.fill(0, self._pos, want)
             bounce.copy_out(0, buf)
+            if landed is not None:
+                landed(buf)
         else:
-            self._read_pipelined(bounce, buf)
+            self._read_pipelined(bounce, buf, landed)
         self._pos += want
 
-    def _read_pipelined(self, bounce: _Bounce, buf: memoryview) -> None:
+    def _read_pipelined(
+        self, bounce: _Bounce, buf: memoryview, landed: Callable[[memoryview], None] | None
+    ) -> None:
         """Two halves: the engine fills one while this thread copies the other out, so the copy
         hides behind the transfer (both release the GIL)."""
         pool = self._pool or ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-mooncake")
@@ -147,10 +157,10 @@ class _MooncakeStream:
                 n = min(step, buf.nbytes - off)
                 filling = (k % 2, off, pool.submit(bounce.fill, k % 2, self._pos + off, n))
                 if landing is not None:
-                    self._copy_landed(bounce, buf, landing)
+                    self._copy_landed(bounce, buf, landing, landed)
                 landing = filling
             if landing is not None:
-                self._copy_landed(bounce, buf, landing)
+                self._copy_landed(bounce, buf, landing, landed)
                 landing = None
         finally:
             if landing is not None:
@@ -159,10 +169,18 @@ class _MooncakeStream:
                     landing[2].result()
 
     @staticmethod
-    def _copy_landed(bounce: _Bounce, buf: memoryview, landed: tuple[int, int, Future[None]]) -> None:
-        half, off, future = landed
+    def _copy_landed(
+        bounce: _Bounce,
+        buf: memoryview,
+        landing: tuple[int, int, Future[None]],
+        landed: Callable[[memoryview], None] | None,
+    ) -> None:
+        half, off, future = landing
         future.result()
-        bounce.copy_out(half, buf[off : off + min(bounce.half, buf.nbytes - off)])
+        part = buf[off : off + min(bounce.half, buf.nbytes - off)]
+        bounce.copy_out(half, part)
+        if landed is not None:
+            landed(part)
 
     def _bounce_buffer(self) -> _Bounce:
         if self._bounce is None:
