@@ -2,15 +2,18 @@
 reads and writes alike, with no credential. An attacker here is a raw transfer engine of its
 own (what any pod on the network can run) writing into the agents' registered memory; what it
 writes must never be served as verified nor applied. And a descriptor cannot send an agent's
-engine to another host."""
+engine to another host, and bytes read over Mooncake are checked against the manifest's sha256
+whatever the request's verify_checksum says: the source's own registered memory is as writable."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import numpy as np
 import pytest
 from agent_testkit import (
@@ -27,11 +30,14 @@ from aiohttp import web
 from held_source import HeldSource
 
 from ckpt_agent.common.errors import LoadError, Reason
-from ckpt_agent.formats.manifest import DEFAULT_MAX_MANIFEST_BYTES, TensorEntry
+from ckpt_agent.formats.manifest import DEFAULT_MAX_MANIFEST_BYTES, MANIFEST_NAME, TensorEntry
+from ckpt_agent.pipeline.pause_gate import LOAD
 from ckpt_agent.server.httpserver import AppServer
+from ckpt_agent.source.serve import create_source_app
 from ckpt_agent.transport.mooncake import runtime
 from ckpt_agent.transport.mooncake.client import MooncakeTransport
 from ckpt_agent.transport.mooncake.descriptor import Descriptor, parse_descriptor
+from ckpt_agent.transport.mooncake.export import directory_exports
 
 GARBAGE = 0x41
 
@@ -194,3 +200,94 @@ async def test_a_peer_whose_descriptor_names_another_host_is_left_for_the_source
     assert (status["version"], last["bytes_from_peer"]) == ("v2", 0)
     assert "only at its own host" in last["fallback_reason"]
     assert close_to(await reader.infer(), tree.expected("v2"))
+
+
+@pytest.fixture
+async def mooncake_source(tree: Tree) -> AsyncIterator[tuple[str, str]]:
+    """`ckpt-rollout serve --mooncake tcp` over `tree`, in-process: (mooncake:// URI, its http URL)."""
+    exports = directory_exports(runtime.engine_for("tcp"), tree.root, DEFAULT_MAX_MANIFEST_BYTES)
+    server = AppServer(create_source_app(tree.root, exports), "127.0.0.1", 0)
+    await server.start()
+    yield f"mooncake://127.0.0.1:{server.port}", f"http://127.0.0.1:{server.port}"
+    await server.stop()
+
+
+async def _source_descriptor(url: str, version: str) -> Descriptor:
+    async with aiohttp.ClientSession() as session, session.get(f"{url}/v1/mooncake/{version}") as resp:
+        assert resp.status == 200
+        return parse_descriptor(await resp.read())
+
+
+def _address_of(descriptor: Descriptor, entry: TensorEntry) -> int:
+    extent = next(
+        e for e in descriptor.files[entry.file].extents if e.file_offset <= entry.offset < e.file_end
+    )
+    return extent.addr + entry.offset - extent.file_offset
+
+
+@pytest.mark.parametrize("apply_mode", ["staged", "streamed"])
+async def test_a_write_into_a_mooncake_sources_memory_fails_even_an_unverified_load(
+    tree: Tree,
+    agent_factory: AgentFactory,
+    held: HeldSource,
+    mooncake_source: tuple[str, str],
+    apply_mode: str,
+) -> None:
+    """The source registers its shard mappings, so an attacker can write them (in the source's
+    private copy-on-write pages; the files are untouched). A load over mooncake:// that did not
+    ask for verification still checks sha256 and refuses the written tensor: v1 keeps serving."""
+    uri, url = mooncake_source
+    client = await agent_factory(source=uri, initial_version="v1", apply_mode=apply_mode)
+    assert (await client.wait_settled())["version"] == "v1"
+    entry = held.entries("v2")[-1]
+    descriptor = await _source_descriptor(url, "v2")
+    attacker = RawMooncake()
+    assert await asyncio.to_thread(attacker.write, descriptor.session, _address_of(descriptor, entry), 8) == 0
+
+    assert (await client.update("v2", verify_checksum=False))[0] == 202
+    status = await client.wait_settled()
+    assert (status["state"], status["version"]) == ("failed", "v1")
+    error = status["last_error"]
+    assert error["reason"] == "ChecksumMismatch"
+    assert entry.name in error["message"]
+    assert "sha256" in error["message"]
+    assert await client.is_paused() is False
+    assert close_to(await client.infer(), tree.expected("v1"))
+
+
+async def test_an_unverified_mooncake_load_is_verified_and_says_so(
+    tree: Tree, agent_factory: AgentFactory, mooncake_source: tuple[str, str]
+) -> None:
+    uri, _url = mooncake_source
+    client = await agent_factory(source=uri)
+    assert (await client.update("v2", verify_checksum=False))[0] == 202
+    status = await client.wait_settled()
+    assert (status["state"], status["version"], status["checksum_verified"]) == ("idle", "v2", True)
+    assert close_to(await client.infer(), tree.expected("v2"))
+
+
+async def test_a_manifest_without_sha256_is_refused_over_mooncake_before_the_pause(
+    scratch_tree: Tree, agent_factory: AgentFactory
+) -> None:
+    """Published before sha256 existed: nothing to check Mooncake bytes against, so the load is
+    refused from the manifest alone (InvalidManifest), the engine never paused."""
+    path = scratch_tree.root / "v2" / MANIFEST_NAME
+    doc = json.loads(path.read_bytes())
+    for item in [*doc["tensors"], *doc.get("extra_files", {}).values()]:
+        del item["sha256"]
+    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    exports = directory_exports(runtime.engine_for("tcp"), scratch_tree.root, DEFAULT_MAX_MANIFEST_BYTES)
+    server = AppServer(create_source_app(scratch_tree.root, exports), "127.0.0.1", 0)
+    await server.start()
+    try:
+        client = await agent_factory(source=f"mooncake://127.0.0.1:{server.port}", initial_version="v1")
+        assert (await client.wait_settled())["version"] == "v1"
+        assert (await client.update("v2", verify_checksum=False))[0] == 202
+        status = await client.wait_settled()
+    finally:
+        await server.stop()
+    assert (status["state"], status["version"]) == ("failed", "v1")
+    assert status["last_error"]["reason"] == "InvalidManifest"
+    assert "lists no sha256" in status["last_error"]["message"]
+    assert LOAD not in client.agent.service.gate.held_seconds
+    assert close_to(await client.infer(), scratch_tree.expected("v1"))

@@ -100,7 +100,7 @@ def test_sha256_is_read_when_given_and_optional_for_older_manifests() -> None:
     assert older.tensors[0].sha256 is None
     # Absent from what it encodes back to, so an older manifest's bytes (and digest) are unchanged.
     assert "sha256" not in json.loads(encode_manifest(older))["tensors"][0]
-    assert not older.peer_verifiable
+    assert not older.sha256_complete
 
 
 def test_a_newer_format_version_is_refused_by_name() -> None:

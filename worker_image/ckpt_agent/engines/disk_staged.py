@@ -33,7 +33,7 @@ from ckpt_agent.common.errors import LoadError, Reason
 from ckpt_agent.engines.base import LoadJob, LoadOutcome
 from ckpt_agent.formats.manifest import DEFAULT_MAX_MANIFEST_BYTES, Manifest, OutputReference
 from ckpt_agent.pipeline.pause_gate import LOAD, WEIGHTS_LOST, PauseGate
-from ckpt_agent.pipeline.pull import open_version, pull_into
+from ckpt_agent.pipeline.pull import checksum_verified, open_version, pull_into
 from ckpt_agent.pipeline.reader import DEFAULT_CHUNK_BYTES, LoadProgress, read_extra_files
 from ckpt_agent.pipeline.relay_copy import RelayCopy
 from ckpt_agent.pipeline.relay_peer import is_peer_fault
@@ -280,6 +280,7 @@ class DiskStagedEngine:
         # Before pulling any byte: a misconfigured or absent engine fails the load cheaply.
         await self._ensure_probed(self._control_timeout)
         transport, manifest, digest, raw = await open_version(job, self._max_manifest)
+        verified = checksum_verified(job, transport)
         try:
             progress.bytes_total = manifest.total_bytes
             extra = await asyncio.to_thread(
@@ -323,9 +324,7 @@ class DiskStagedEngine:
         # The engine owns the live staging directory (released when the next load lands); the
         # relay only reads it, so withdrawing the relay must not delete it.
         relay = RelayCopy(raw, manifest, staged.buffer, extra_files=extra) if self._relay else None
-        return LoadOutcome(
-            manifest.total_bytes, job.must_verify, digest, relay, from_peer=job.peer is not None
-        )
+        return LoadOutcome(manifest.total_bytes, verified, digest, relay, from_peer=job.peer is not None)
 
     async def _ensure_probed(self, limit_s: float) -> None:
         if not self._probed:

@@ -56,7 +56,7 @@ class TensorEntry:
     offset: int
     nbytes: int
     xxh3_128: str
-    # None in manifests published before it existed (see `Manifest.peer_verifiable`).
+    # None in manifests published before it existed (see `Manifest.sha256_complete`).
     sha256: str | None = None
 
     @property
@@ -124,8 +124,9 @@ class Manifest:
         return sum(t.nbytes for t in self.tensors)
 
     @property
-    def peer_verifiable(self) -> bool:
-        """Every tensor and file has a sha256, so bytes from a peer can be checked against it."""
+    def sha256_complete(self) -> bool:
+        """Every tensor and file has a sha256, so bytes from an untrusted transport (a peer,
+        Mooncake: `transport.is_untrusted`) can be checked against it."""
         return all(t.sha256 is not None for t in self.tensors) and all(
             e.sha256 is not None for e in self.extra_files.values()
         )

@@ -53,7 +53,8 @@ class LoadJob:
         """Bytes from a peer are untrusted: always verified, whatever the request asked. A pinned
         manifest digest is verified too: the pin covers the manifest, and only checking the bytes
         against it extends the pin to them. (A load relayed while it runs verifies its tensors
-        too, but only where it is relayed: see relay.load.pull_into.)"""
+        too, but only where it is relayed: see relay.load.pull_into. And whatever this says, bytes
+        from an untrusted transport, a Mooncake source too, are: `transport.is_untrusted`.)"""
         return self.verify_checksum or self.peer is not None or self.manifest_digest is not None
 
 

@@ -32,7 +32,7 @@ from ckpt_agent.formats.manifest import DEFAULT_MAX_MANIFEST_BYTES, Manifest, Te
 from ckpt_agent.pipeline.compat import ParamSpec, check_compatible
 from ckpt_agent.pipeline.load_job import LiveWeights, LoadJob, LoadOutcome
 from ckpt_agent.pipeline.pause_gate import LOAD, PauseGate
-from ckpt_agent.pipeline.pull import open_version, pull_into
+from ckpt_agent.pipeline.pull import checksum_verified, open_version, pull_into
 from ckpt_agent.pipeline.reader import (
     DEFAULT_CHUNK_BYTES,
     LoadProgress,
@@ -97,6 +97,7 @@ class InProcessLoader:
 
     async def load(self, job: LoadJob, gate: PauseGate, progress: LoadProgress) -> LoadOutcome:
         transport, manifest, digest, raw = await open_version(job, self._max_manifest)
+        verified = checksum_verified(job, transport)
         try:
             holds = self._target.supported_dtypes() if isinstance(self._target, HoldsSomeDtypes) else None
             check_compatible(manifest, self._target.parameter_specs(), holds=holds)
@@ -111,7 +112,7 @@ class InProcessLoader:
             transport.close()
         return LoadOutcome(
             manifest.total_bytes,
-            job.must_verify,
+            verified,
             digest,
             relay,
             from_peer=job.peer is not None,

@@ -8,12 +8,13 @@ import logging
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
+from urllib.parse import urlsplit
 
 from ckpt_agent.common.errors import LoadError, Reason
 from ckpt_agent.pipeline.reader import LoadProgress, fetch_manifest_raw, plan_runs, read_runs
 from ckpt_agent.pipeline.relay_copy import RelayCopy
 from ckpt_agent.pipeline.relay_peer import PeerError, PeerTransport, is_peer_fault, open_peer_transport
-from ckpt_agent.transport import Transport, open_transport
+from ckpt_agent.transport import Transport, is_untrusted, open_transport
 from ckpt_agent.transport.mooncake.runtime import MooncakeUnavailable
 
 if TYPE_CHECKING:
@@ -118,15 +119,34 @@ async def open_version(job: LoadJob, max_manifest_bytes: int) -> tuple[Transport
             expected_digest=job.manifest_digest,
             max_bytes=max_manifest_bytes,
         )
-        if isinstance(transport, PeerTransport) and not manifest.peer_verifiable:
-            # Decided before any byte moves, so the fallback costs nothing but the manifest.
-            raise PeerError(
-                Reason.CHECKSUM_MISMATCH,
-                f"peer {transport.peer_uri} not used: the manifest of {job.version} lists no sha256 for "
-                "some tensors or files (published before sha256 was added), and bytes from a peer are "
-                "checked against sha256 only; loading from the source",
-            )
+        if is_untrusted(transport) and not manifest.sha256_complete:
+            # Decided before any byte moves (and before the engine pauses), so a peer's
+            # fallback costs nothing but the manifest.
+            raise _no_sha256(transport, job.version)
     except BaseException:
         transport.close()
         raise
     return transport, manifest, digest, raw
+
+
+def _no_sha256(transport: Transport, version: str) -> LoadError:
+    published_before = "lists no sha256 for some tensors or files (published before sha256 was added)"
+    if isinstance(transport, PeerTransport):
+        return PeerError(
+            Reason.CHECKSUM_MISMATCH,
+            f"peer {transport.peer_uri} not used: the manifest of {version} {published_before}, and "
+            "bytes from a peer are checked against sha256 only; loading from the source",
+        )
+    scheme = urlsplit(transport.uri).scheme
+    return LoadError(
+        Reason.INVALID_MANIFEST,
+        f"the manifest of {version} {published_before}, and bytes read over {scheme}:// are checked "
+        "against sha256 only (anyone who reaches the server's transfer engine can write "
+        "the memory it serves); republish the version, or load it over http(s)",
+    )
+
+
+def checksum_verified(job: LoadJob, transport: Transport) -> bool:
+    """What a load reports as `checksum_verified`: the bytes were checked, because the job asked
+    (or implied it), or because the transport is untrusted and its bytes always are."""
+    return job.must_verify or is_untrusted(transport)

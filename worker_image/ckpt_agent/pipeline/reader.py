@@ -1,9 +1,11 @@
 """Pull a version's manifest and tensor bytes from a transport into caller-chosen buffers,
 verifying each tensor's xxh3-128 as its bytes land.
 
-Bytes from a peer (`from_peer`) are always verified, and against the manifest's sha256 instead:
-the manifest comes from the source, but a peer picks the bytes it serves, and xxh3 is not
-collision-resistant. sha256 runs several times slower than xxh3, so only peer bytes pay for it.
+Bytes read through an untrusted transport (`transport.is_untrusted`: a peer, which picks the
+bytes it serves, or a Mooncake source, whose served memory anyone reaching its engine can write)
+are always verified, and against the manifest's sha256 instead: the manifest comes from the
+source, and xxh3 is not collision-resistant. sha256 runs several times slower than xxh3, so only
+those bytes pay for it.
 
 Bytes are read in chunks straight into the destination buffer and hashed chunk by chunk while
 still in cache, so verification costs one extra pass over hot memory rather than a second trip
@@ -33,7 +35,7 @@ import xxhash
 from ckpt_agent.common.errors import LoadError, Reason
 from ckpt_agent.formats.manifest import Manifest, TensorEntry, manifest_digest, parse_manifest
 from ckpt_agent.pipeline.finite import BLOCK_BYTES, FiniteScan, can_hold_non_finite
-from ckpt_agent.transport import ByteStream, Transport
+from ckpt_agent.transport import ByteStream, Transport, is_untrusted
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 # Gaps between tensors up to this size are read and dropped instead of opening a new range.
@@ -131,21 +133,18 @@ class Check:
         return None if got == self.expected else f"{what}: {self.algorithm} {got} != manifest {self.expected}"
 
 
-def from_peer(transport: Transport) -> bool:
-    """Whether a transport's bytes come from a peer (`relay.peer.PeerTransport` names its peer)."""
-    return getattr(transport, "peer_uri", None) is not None
-
-
-def check_for(xxh3_128: str, sha256: str | None, *, peer: bool, what: str) -> Check:
-    """The digest bytes are checked against: sha256 for a peer's, xxh3-128 for the source's. A
-    peer's bytes without a sha256 to check are refused (a ChecksumMismatch, so the load falls
-    back to the source): the manifest predates sha256, and xxh3 alone cannot stop a forgery."""
-    if not peer:
+def check_for(xxh3_128: str, sha256: str | None, *, untrusted: bool, what: str) -> Check:
+    """The digest bytes are checked against: sha256 for an untrusted transport's, xxh3-128 for
+    the others'. Untrusted bytes without a sha256 to check are refused (a ChecksumMismatch, so a
+    load from a peer falls back to the source): the manifest predates sha256, and xxh3 alone
+    cannot stop a forgery. (`pull.open_version` refuses such a manifest before any byte moves.)"""
+    if not untrusted:
         return Check("xxh3-128", xxhash.xxh3_128(), xxh3_128)
     if sha256 is None:
         raise LoadError(
             Reason.CHECKSUM_MISMATCH,
-            f"{what}: the manifest gives no sha256, which bytes from a peer are checked against",
+            f"{what}: the manifest gives no sha256, which bytes from a peer or over Mooncake are "
+            "checked against",
         )
     return Check("sha256", hashlib.sha256(), sha256)
 
@@ -181,7 +180,7 @@ def read_extra_files(
     against its xxh3-128 whatever the load asked: they are small, and an engine reads them as
     they are, so a damaged one would not show up as a wrong weight but as a broken model."""
     files: dict[str, bytes] = {}
-    peer = from_peer(transport)
+    untrusted = is_untrusted(transport)
     for name, extra in sorted(manifest.extra_files.items()):
         _check_cancel(cancelled)
         if extra.size > MAX_EXTRA_FILE_BYTES:
@@ -197,7 +196,7 @@ def read_extra_files(
         finally:
             stream.close()
         what = f"extra file {name} of {manifest.version}"
-        check = check_for(extra.xxh3_128, extra.sha256, peer=peer, what=what)
+        check = check_for(extra.xxh3_128, extra.sha256, untrusted=untrusted, what=what)
         check.hasher.update(memoryview(buf))
         mismatch = check.mismatch(what)
         if mismatch is not None:
@@ -311,10 +310,11 @@ def _read_tensor(
     progress: LoadProgress,
     cancelled: Callable[[], bool],
     ahead: Callable[[], _ReadAhead],
-    peer: bool = False,
+    untrusted: bool = False,
 ) -> None:
     what = f"tensor {entry.name!r} in {entry.file}"
-    check = check_for(entry.xxh3_128, entry.sha256, peer=peer, what=what) if verify or peer else None
+    checked = verify or untrusted
+    check = check_for(entry.xxh3_128, entry.sha256, untrusted=untrusted, what=what) if checked else None
     hasher = None if check is None else check.hasher
     scan = FiniteScan(entry.dtype) if check_finite and can_hold_non_finite(entry.dtype) else None
     # Transports that move bytes in their own threads (Mooncake) go fastest when handed a whole
@@ -370,7 +370,7 @@ def read_run(
 ) -> None:
     stream = transport.open_range(version, run.file, run.start, run.end)
     helper: _ReadAhead | None = None
-    peer = from_peer(transport)
+    untrusted = is_untrusted(transport)
 
     def ahead() -> _ReadAhead:
         nonlocal helper
@@ -396,7 +396,7 @@ def read_run(
                 progress=progress,
                 cancelled=cancelled,
                 ahead=ahead,
-                peer=peer,
+                untrusted=untrusted,
             )
             on_tensor(entry, buf)
             cursor = entry.end

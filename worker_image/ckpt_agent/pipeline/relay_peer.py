@@ -102,6 +102,10 @@ def _peer_error(exc: LoadError, peer: str) -> PeerError:
 
 
 class PeerTransport:
+    # A peer picks the bytes it serves (`transport.base.is_untrusted`): its fallback to the
+    # source reads through `source`, which says for itself.
+    untrusted_bytes = True
+
     def __init__(self, source: Transport, peer: Transport) -> None:
         self.uri = source.uri
         self.peer_uri = peer.uri

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from ckpt_agent.transport.base import ByteStream, Transport
+from ckpt_agent.transport.base import ByteStream, Transport, is_untrusted
 from ckpt_agent.transport.guard import SOURCE_POLICY, check_source
 
 TransportFactory = Callable[[str], Transport]
@@ -71,6 +71,7 @@ __all__ = [
     "ByteStream",
     "Transport",
     "check_uri",
+    "is_untrusted",
     "open_transport",
     "register_transport",
     "supported_schemes",

@@ -32,6 +32,8 @@ class ByteStream(Protocol):
 
 
 class Transport(Protocol):
+    """Optional class attribute: `untrusted_bytes` (see `is_untrusted`)."""
+
     uri: str
 
     def fetch_manifest(self, version: str, max_bytes: int) -> bytes:
@@ -44,6 +46,15 @@ class Transport(Protocol):
         """A stream over bytes [start, end) of `file` in `version`."""
 
     def close(self) -> None: ...
+
+
+def is_untrusted(transport: object) -> bool:
+    """Whether the bytes `transport` reads may be other than the publisher's, whoever wrote the
+    manifest: a peer picks the bytes it serves (`PeerTransport`), and a Mooncake server's
+    registered memory takes writes from anyone who reaches its engine, which has no credential
+    (`MooncakeTransport`). The load pipeline checks such bytes against the manifest's sha256
+    whatever the request's verify_checksum says, and refuses a manifest that lacks one."""
+    return bool(getattr(transport, "untrusted_bytes", False))
 
 
 class EmptyStream:
