@@ -2,8 +2,9 @@
 
 `StagingArea`: one anonymous host arena holding a whole version, tensor by tensor (in-process
 engines: the bytes are copied into the live parameters under pause).
-`TensorStore` is what both it and the on-disk staging directory (`staging_dir`) offer: a buffer
-per tensor, the memory regions behind them (a Mooncake relay mirrors their layout), and release.
+`TensorStore` is what a relay copy's Mooncake export needs of it: a buffer per tensor, the memory
+regions behind them (the export mirrors their layout, never registering them), and release. The
+on-disk staging directory (`staging_dir`) relays over HTTP only.
 """
 
 from __future__ import annotations

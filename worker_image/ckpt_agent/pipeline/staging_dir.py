@@ -204,9 +204,6 @@ class StagedDirectory:
         index, off = self._where[entry.name]
         return self._arrays[index].data[off : off + entry.nbytes]
 
-    def regions(self) -> list[memoryview]:
-        return [a.data for a in self._arrays]
-
     def finish(self) -> Path:
         """Flush and move into place as `<root>/<version>`; the mappings stay (relay reads them)."""
         for mapped in self._maps:
