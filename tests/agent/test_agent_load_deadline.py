@@ -22,6 +22,9 @@ from held_source import HeldSource
 
 from ckpt_agent.formats.manifest import MANIFEST_NAME
 from ckpt_agent.server.httpserver import AppServer
+from ckpt_agent.service.reporting import DisabledReporter
+from ckpt_api.status import WorkerStatus
+from ckpt_api.vocabulary import WorkerPhase, WorkerReason
 from ckpt_rollout.io.agent_client import AgentClient as OperatorAgentClient
 from ckpt_rollout.io.agent_tokens import NoToken
 
@@ -174,12 +177,27 @@ async def test_deadline_seconds_fails_a_stalled_load(
     await _serves_v1_and_takes_v3(client, tree, fast)
 
 
+class _Reports(DisabledReporter):
+    """What the agent would write into its rollout's status."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entries: list[tuple[str, str]] = []
+
+    def worker_event(self, rollout: Any, entry: WorkerStatus) -> None:
+        self.entries.append((entry.phase, entry.reason))
+        super().worker_event(rollout, entry)
+
+
 async def test_cancel_load_stops_a_stalled_load_of_that_version_only(
     tree: Tree, agent_factory: AgentFactory, source_server: Any, held: HeldSource
 ) -> None:
     fast = await source_server(tree.root)
     client = await _serving_v1(agent_factory, fast, min_load_rate=0)
-    code, body = await client.update("v2", source={"uri": held.url})
+    assert client.agent is not None
+    reports = client.agent.service.reporter = _Reports()
+    rollout = {"namespace": "rl", "name": "fleet", "uid": "u-1", "wave": 0}
+    code, body = await client.update("v2", source={"uri": held.url}, rollout=rollout)
     assert code == 202, body
     await _loading(client)
 
@@ -205,6 +223,8 @@ async def test_cancel_load_stops_a_stalled_load_of_that_version_only(
     assert (error["version"], error["reason"]) == ("v2", "Cancelled"), error
     assert "/v1/cancel_load" in error["message"], error
     assert (status["version"], status["state"]) == ("v1", "failed"), status
+    # Nothing written over the verdict of whoever cancelled (the operator's WorkerTimeout, say).
+    assert reports.entries == [(WorkerPhase.LOADING, WorkerReason.LOADING)]
     await _serves_v1_and_takes_v3(client, tree, fast)
 
     code, body = await client.request("POST", "/v1/cancel_load")

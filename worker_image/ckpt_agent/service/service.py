@@ -120,6 +120,9 @@ class AgentService:
         # not), and whether its attempt reads a peer.
         self._abort = LoadAbort()
         self._stopped: LoadError | None = None
+        # The load was stopped by POST /v1/cancel_load: its caller (the operator giving it up)
+        # writes its own verdict, which this agent's report must not overwrite.
+        self._caller_stopped = False
         self._on_peer = False
         self.peer_tls = peer_tls or PeerTLS()
         self.source_policy = source_policy or SourcePolicy()
@@ -276,6 +279,7 @@ class AgentService:
                 target=target,
             )
         log.warning("cancelling the load of %s (POST /v1/cancel_load)", target)
+        self._caller_stopped = True
         self._stop(LoadError(Reason.CANCELLED, f"load of {target} cancelled (POST /v1/cancel_load)"))
         done, _ = await asyncio.wait({task}, timeout=CANCEL_WAIT_SECONDS)
         live = self.live.version if self.live else None
@@ -361,6 +365,7 @@ class AgentService:
         self.gate.before_acquire(LOAD, self._retire_standing)
         self._job = job
         self._abort, self._stopped = LoadAbort(), None
+        self._caller_stopped = False
         self.state = AgentState.LOADING
         self.target = req.version
         self.progress = LoadProgress()
@@ -621,7 +626,7 @@ class AgentService:
         self.updates[LoadResult.FAILED] += 1
         done = self.progress.bytes_done
         self._record(job, WorkerPhase.FAILED, error.reason, seconds, None, nbytes=done, message=error.message)
-        if rollout is not None:
+        if rollout is not None and not self._caller_stopped:
             self._report(rollout, job.version, WorkerPhase.FAILED, error.reason, error.message, done, seconds)
         if self.weights_lost:
             # Lost by this load or an earlier one: a failure that never reached the engine (an
