@@ -199,3 +199,93 @@ def test_every_e4m3_byte_by_its_definition() -> None:
     for bits in range(256):
         found = first_non_finite("F8_E4M3", bytes([bits]))
         assert (found is not None) == (bits & 0x7F == 0x7F), hex(bits)
+
+
+# One non-finite pattern per kind, per checked dtype (C64 by its F32 parts).
+KINDS: list[tuple[str, int, str]] = [
+    (dtype, bits, kind) for dtype, bits, kind in PATTERNS if kind is not None
+] + [("C64", 0x7FC0_0000, "NaN"), ("C64", 0x7F80_0000, "+Inf"), ("C64", 0xFF80_0000, "-Inf")]
+# The largest finite value and the largest subnormal, both signs, per dtype whose scan has a
+# fast test that could false-alarm on them (the sum of squares overflows on the former).
+EXTREMES = {
+    "F64": [0x7FEF_FFFF_FFFF_FFFF, 0xFFEF_FFFF_FFFF_FFFF, 0x000F_FFFF_FFFF_FFFF, 0x800F_FFFF_FFFF_FFFF],
+    "F32": [0x7F7F_FFFF, 0xFF7F_FFFF, 0x007F_FFFF, 0x807F_FFFF],
+    "C64": [0x7F7F_FFFF, 0xFF7F_FFFF, 0x007F_FFFF, 0x807F_FFFF],
+    "F16": [0x7BFF, 0xFBFF, 0x03FF, 0x83FF],
+    "BF16": [0x7F7F, 0xFF7F, 0x007F, 0x807F],
+    "F8_E5M2": [0x7B, 0xFB, 0x03, 0x83],
+    "F8_E4M3": [0x7E, 0xFE, 0x07, 0x87],
+    "F8_E8M0": [0xFE, 0x00],
+    "F8_E4M3FNUZ": [0x7F, 0xFF, 0x07],
+    "F8_E5M2FNUZ": [0x7F, 0xFF, 0x03],
+}
+
+
+def _value_width(dtype: str) -> int:
+    return ITEM_SIZES[dtype] // (2 if dtype == "C64" else 1)
+
+
+def _positions(dtype: str) -> dict[str, int]:
+    """Value indices: first, last, and either side of the first and second block boundary."""
+    per_block = BLOCK_BYTES // _value_width(dtype)
+    count = 3 * per_block
+    return {
+        "first": 0,
+        "last": count - 1,
+        "block end": per_block - 1,
+        "block start": per_block,
+        "second block end": 2 * per_block - 1,
+        "second block start": 2 * per_block,
+    }
+
+
+@pytest.mark.parametrize(("dtype", "bits", "kind"), KINDS, ids=lambda v: hex(v) if isinstance(v, int) else v)
+@pytest.mark.parametrize(
+    "where", ["first", "last", "block end", "block start", "second block end", "second block start"]
+)
+def test_every_kind_in_every_dtype_at_the_edges_among_extremes(
+    dtype: str, bits: int, kind: str, where: str
+) -> None:
+    """The fast tests (two reductions, the sum of squares) over blocks of the largest finite
+    values and subnormals: the one NaN/Inf is found wherever it sits, fed whole or in pieces
+    that cut elements at odd offsets, as the hashing pass feeds them."""
+    positions = _positions(dtype)
+    count = positions["last"] + 1
+    extremes = EXTREMES[dtype]
+    values = np.resize(np.array(extremes, dtype=f"<u{_value_width(dtype)}"), count)
+    values[positions[where]] = bits
+    data = values.tobytes()
+    expected = (positions[where] // (2 if dtype == "C64" else 1), kind)
+    assert located(first_non_finite(dtype, data)) == expected
+    scan = FiniteScan(dtype)
+    hashed = bytearray()
+    view = memoryview(data)
+    for lo, hi in itertools.pairwise([0, 3, BLOCK_BYTES + 5, len(data) - 1, len(data)]):
+        scan.update(view[lo:hi], hashed.extend)
+    assert located(scan.found) == expected
+    assert hashed == data  # every byte handed to the hash, in order, before and after the hit
+
+
+@pytest.mark.parametrize("dtype", sorted(EXTREMES))
+def test_blocks_of_extreme_finite_values_pass(dtype: str) -> None:
+    # Three blocks of the largest finite values: their squares overflow F32/F64, the exact
+    # search must settle that false alarm and report nothing.
+    count = 3 * BLOCK_BYTES // _value_width(dtype)
+    values = np.resize(np.array(EXTREMES[dtype], dtype=f"<u{_value_width(dtype)}"), count)
+    assert first_non_finite(dtype, values.tobytes()) is None
+
+
+@pytest.mark.parametrize("dtype", ["F32", "BF16"])
+def test_each_block_sees_the_piece_in_blocks_of_at_most_block_bytes(dtype: str) -> None:
+    data = tensor(dtype, 3 * BLOCK_BYTES // ITEM_SIZES[dtype], {7: 0x7F80_0000 if dtype == "F32" else 0x7F80})
+    sizes: list[int] = []
+    scan = FiniteScan(dtype)
+    scan.update(memoryview(data), lambda block: sizes.append(block.nbytes))
+    assert sizes == [BLOCK_BYTES] * 3
+    assert located(scan.found) == (7, "+Inf")
+
+
+def test_each_block_sees_pieces_of_unchecked_dtypes_whole() -> None:
+    seen: list[bytes] = []
+    FiniteScan("I32").update(memoryview(b"\xff" * 12), lambda block: seen.append(bytes(block)))
+    assert seen == [b"\xff" * 12]

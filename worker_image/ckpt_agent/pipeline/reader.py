@@ -34,7 +34,7 @@ import xxhash
 
 from ckpt_agent.common.errors import LoadError, Reason
 from ckpt_agent.formats.manifest import Manifest, TensorEntry, manifest_digest, parse_manifest
-from ckpt_agent.pipeline.finite import BLOCK_BYTES, FiniteScan, can_hold_non_finite
+from ckpt_agent.pipeline.finite import FiniteScan, can_hold_non_finite
 from ckpt_agent.transport import ByteStream, Transport, is_untrusted
 
 DEFAULT_CHUNK_BYTES = 4 << 20
@@ -292,11 +292,8 @@ def _inspect(piece: memoryview, hasher: _Hasher | None, scan: FiniteScan | None)
         if hasher is not None:
             hasher.update(piece)
         return
-    # Block by block, so that the scan's passes find the bytes the hash just pulled in cache.
-    for block in _pieces(piece, BLOCK_BYTES):
-        if hasher is not None:
-            hasher.update(block)
-        scan.update(block)
+    # One pass: the scan takes each block right after the hash pulled it into cache.
+    scan.update(piece, None if hasher is None else hasher.update)
 
 
 def _read_tensor(
