@@ -204,7 +204,11 @@ class RelayCopy:
     def iter_range(self, file: str, start: int, end: int) -> Iterator[bytes | memoryview | NotReady]:
         """Bytes [start, end) of `file` in the original shard layout, in pieces of at most 1 MiB;
         bytes between tensors (header, padding) come out as zeros. Blocking. Before a tensor (or
-        file) a running load has not verified yet: `NotReady` (pull again once it is)."""
+        file) a running load has not verified yet: `NotReady` (pull again once it is).
+        A tensor's pieces are views of the copy, not copies: a holder keeps that memory alive,
+        and nothing writes a tensor once it is verified (the arena and the staging directory
+        are written once; a live-parameter read is a copy already). RelayGone once the copy is
+        released, before the next piece."""
         if file in self.manifest.extra_files:
             yield from self._until(lambda: self.extras_ready)
         extra = self.extra_files.get(file)
@@ -228,12 +232,32 @@ class RelayCopy:
                 yield from _zeros(entry.offset - pos)
                 pos = entry.offset
             yield from self._until(partial(self.is_ready, entry))
-            data = self._read_tensor(entry)
+            data = self._tensor(entry)
             hi = min(end, entry.end)
             for lo in range(pos, hi, _PIECE):
+                # Pieces are views of the copy, written out without copying: a withdrawn copy
+                # ends the response here rather than serving on from memory it gave up.
+                if self.released:
+                    raise self._gone()
                 yield data[lo - entry.offset : min(hi, lo + _PIECE) - entry.offset]
             pos = hi
             i += 1
+
+    def _tensor(self, entry: TensorEntry) -> memoryview:
+        """A view of `entry`'s bytes that stays valid as long as it is held. `release` marks the
+        copy released before it lets the store go, so a read that finds the copy still held
+        afterwards read the store before it went (a read after gives an empty or failed view)."""
+        try:
+            data = self._read_tensor(entry)
+        except RelayGone:
+            raise
+        except Exception:
+            if self.released:
+                raise self._gone() from None
+            raise
+        if self.released:
+            raise self._gone()
+        return data
 
     def on_release(self, fn: Callable[[], None]) -> None:
         """`fn()` once the copy is released (now, if it already is)."""

@@ -97,7 +97,9 @@ async def _stream(
     try:
         while piece is not done:
             assert isinstance(piece, bytes | memoryview)
-            await resp.write(bytes(piece))
+            # The view itself: the transport sends from it (or copies what the socket did not
+            # take), and holds it, so the copy's memory outlives the write.
+            await resp.write(piece)
             piece = await next_piece()
         await resp.write_eof()
     except ConnectionResetError:
