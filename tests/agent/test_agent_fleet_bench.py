@@ -101,6 +101,9 @@ def test_bench_fleet_smoke(waves: str, sizes: list[int], from_source: list[int])
     assert max(r["canary_s"], r["pipelined_s"]) <= r["relay_s"]
     assert all(0.0 <= w["cpu_busy"] <= 1.0 for w in r["waves"])
     assert r["pipelined_cpu_busy"] == r["waves"][-1]["cpu_busy"]
+    # Every wave's agents verified and staged the version: that cost them CPU per MiB moved.
+    assert all(w["agent_cpu_ms_per_mib"] > 0 for w in r["waves"])
+    assert r["pipelined_agent_cpu_ms_per_mib"] == r["waves"][-1]["agent_cpu_ms_per_mib"]
     assert r["link_bound_s"] > 0
     # Every agent got the whole version exactly once (no fallback re-read anything), and the
     # source's interface sent at least the payload the agents read from it.

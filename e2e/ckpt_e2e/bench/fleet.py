@@ -161,13 +161,18 @@ def run_fleet(
                         f"fleet bench sink exited: {sink_log.read_text(errors='replace')[-2000:]}"
                     )
                 model = ["--model-hidden", str(spec.hidden), "--model-layers", str(spec.layers)]
+                pids: dict[str, int] = {}
                 for m in members:
                     agent = [*py, "agent", "--engine", "paddle", "--host", m.ip, "--port", str(AGENT_PORT),
                              "--no-auth", "--plain-http", "--log-level", "warning", *model]  # fmt: skip
-                    procs.start(m.exec_argv(agent), Path(tmp) / f"{m.name}.log")
+                    # `ip netns exec` execs the command: this pid is the agent's own.
+                    pids[f"http://{m.ip}:{AGENT_PORT}"] = procs.start(
+                        m.exec_argv(agent), Path(tmp) / f"{m.name}.log"
+                    ).pid
                 _log(f"fleet: {hosts} agents, {nbytes / 2**20:.1f} MiB version, links {link_mbps:g} Mbit/s")
                 cfg = {
-                    "agents": [f"http://{m.ip}:{AGENT_PORT}" for m in members],
+                    "agents": list(pids),
+                    "agent_pids": pids,
                     "source": f"http://{src.ip}:{SOURCE_PORT}",
                     "versions": list(VERSIONS),
                     "wave_limit_s": 60 + 4 * hosts * s_over_bw,
@@ -214,6 +219,7 @@ def run_fleet(
         "canary_s": timings["waves"][0]["seconds"],
         "pipelined_s": timings["waves"][-1]["seconds"],
         "pipelined_cpu_busy": timings["waves"][-1]["cpu_busy"],
+        "pipelined_agent_cpu_ms_per_mib": timings["waves"][-1]["agent_cpu_ms_per_mib"],
         "pipelined_target": pipelined_target(hosts),
         "source_egress_mb": round(timings["source_egress_bytes"] / mib, 2),
         "source_egress_ratio": round(timings["source_egress_bytes"] / nbytes, 3),
@@ -243,6 +249,8 @@ def format_report(r: dict[str, Any]) -> str:
             f"  [{'ok  ' if ok_pipelined else 'MISS'}] pipelined wave {r['pipelined_s']:.2f} s <= "
             f"{r['pipelined_target']:g} x S / measured link goodput ({r['link_bound_s']:.2f} s) "
             f"({pipelined:.2f}x; the machine's cores {r['pipelined_cpu_busy']:.0%} busy meanwhile)",
+            f"  per-hop CPU   {r['pipelined_agent_cpu_ms_per_mib']:8.2f} ms per MiB an agent moved in the "
+            f"pipelined wave (canary {r['waves'][0]['agent_cpu_ms_per_mib']:.2f})",
             f"  [{'ok  ' if ok_egress else 'MISS'}] source egress {r['source_egress_mb']:.1f} MiB <= "
             f"{SOURCE_EGRESS_TARGET:g} x S ({r['source_egress_ratio']:.2f}x); agents read "
             f"{r['bytes_from_peers_mb']:.1f} MiB from peers, "
