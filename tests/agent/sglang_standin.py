@@ -10,8 +10,11 @@ model_executor/model_runner_components/weight_updater.py, utils/auth.py):
                                     -> 200 {"success": true, "message", "num_paused_requests": 0}
                                      | 400 {"success": false, "message", ...}
     POST /update_weight_version     {"new_version", "abort_all_requests" = true}
-    GET  /model_info, /get_model_info   {"model_path", "served_model_name", "weight_version",
-                                         "load_format", ...}
+    GET  /model_info, /get_model_info   {"model_path", "served_model_name", "weight_version", ...}
+                                        (no load_format)
+    GET  /server_info, /get_server_info {**server_args, **scheduler_info, "internal_states",
+                                         "version"}: the launch flags, so "load_format" is the
+                                        --load-format it started with, never an update's
     POST /generate                  {"text", "sampling_params": {"max_new_tokens" = 128, ...}, ...}
                                     -> {"text", "output_ids", "meta_info": {"id", "finish_reason":
                                         {"type": "length", "length"} | {"type": "stop", "matched"}
@@ -20,12 +23,19 @@ model_executor/model_runner_components/weight_updater.py, utils/auth.py):
                                     managers/schedule_batch.py FINISH_* to_json)
     GET  /health                    (there is no /get_weight_version in 0.5.23: 404)
 
+Where load_format is reported was checked against SGLang's http_server.py at commit 9c0549b7
+(get_model_info: model_path, tokenizer_path, is_generation; get_server_info:
+dataclasses.asdict(server_args) | scheduler_info | internal_states | version): the launch
+--load-format is in the server info only, and an update's format never changes server_args.
+
 As in 0.5.23: every body is required JSON, unknown fields are ignored, and a validation error
 is 400 (not 422). Auth (only with an api key or an admin api key): the POST routes take the
-admin key when there is one, else the api key; /model_info takes the api key if there is one;
+admin key when there is one, else the api key; /model_info and /server_info take the api key if
+there is one;
 /health is open; 401 {"error": "Unauthorized"}.
 
-A disk update resolves its load format (none: the server's current one; "dummy" is refused
+A disk update resolves its load format (none: the server's --load-format, as the tokenizer
+manager fills it from server_args; "dummy" is refused
 with "Failed to get model loader"), points the runner's model path at the request's before any
 check, refuses a missing directory ("Failed to get weights iterator", weights untouched), then
 writes tensors one by one. A failure while writing runs SGLang's "rollback", which re-reads the
@@ -103,6 +113,8 @@ class SGLangStandIn:
         app.router.add_post("/update_weight_version", self._update_weight_version)
         app.router.add_get("/model_info", self._model_info)
         app.router.add_get("/get_model_info", self._model_info)
+        app.router.add_get("/server_info", self._server_info)
+        app.router.add_get("/get_server_info", self._server_info)
         app.router.add_get("/health", self._health)
         app.router.add_post("/generate", self._generate)
         self.server = AppServer(app, "127.0.0.1", 0)
@@ -113,7 +125,7 @@ class SGLangStandIn:
         self.weights = ModelWeights(boot_path, boot_dir)
         self.model_path = self.served_model_name = self.runner_model_path = boot_path
         self.weight_version = self.scheduler_weight_version = weight_version
-        self.load_format = load_format
+        self.load_format = self.server_load_format = load_format
         self.paused: str | None = None  # the pause mode while paused
         self.running_requests = 0  # requests holding KV cache (traffic in flight)
         self.dead = False
@@ -189,7 +201,7 @@ class SGLangStandIn:
     async def _update(self, request: web.Request) -> web.Response:
         body = await self._body(request, "update_weights_from_disk", required=("model_path",))
         path: str = body["model_path"]
-        load_format = body.get("load_format") or self.load_format
+        load_format = body.get("load_format") or self.server_load_format
         version = body.get("weight_version")
         if body.get("abort_all_requests"):
             self.running_requests = 0
@@ -251,8 +263,18 @@ class SGLangStandIn:
                 "tokenizer_path": self._boot[0],
                 "is_generation": True,
                 "weight_version": self.weight_version,
-                "load_format": self.load_format,
                 "model_type": "stand-in",
+            }
+        )
+
+    async def _server_info(self, request: web.Request) -> web.Response:
+        self.calls.append(("server_info", None))
+        return web.json_response(
+            {
+                "model_path": self._boot[0],
+                "load_format": self.server_load_format,
+                "internal_states": [{"weight_version": self.scheduler_weight_version}],
+                "version": VERSION,
             }
         )
 

@@ -39,8 +39,8 @@ async def test_a_load_is_paused_loaded_with_its_version_confirmed_and_continued(
     staging = tmp_path / "staging"
     client = await disk_agent(agent_factory, "sglang", sglang.server.url, tree, staging)
     probe = list(sglang.calls)
-    assert [name for name, _ in probe] == ["model_info", "update_weights_from_disk"]
-    assert probe[1][1] == {}, "the start-up check sends an update that SGLang's validation refuses"
+    assert [name for name, _ in probe] == ["model_info", "server_info", "update_weights_from_disk"]
+    assert probe[2][1] == {}, "the start-up check sends an update that SGLang's validation refuses"
 
     assert (await client.update("v2", verify_checksum=True))[0] == 202
     status = await client.wait_settled()
@@ -265,6 +265,7 @@ async def test_a_load_refused_before_any_weight_keeps_what_serves(
 async def test_a_dummy_weights_server_needs_a_load_format(
     tree: Tree, agent_factory: AgentFactory, start_sglang: Starter, tmp_path: Path
 ) -> None:
+    # SGLang reports --load-format in /server_info only; /model_info has none.
     sglang: SGLangStandIn = await start_sglang(load_format="dummy")
     with pytest.raises(EngineMisconfigured, match="--sglang-load-format auto"):
         await disk_agent(agent_factory, "sglang", sglang.server.url, tree, tmp_path / "s")
@@ -313,6 +314,7 @@ async def test_keys_are_sent_as_sglang_checks_them(
     expect_normal = f"Bearer {normal}" if normal else None
     assert sent == {
         ("/model_info", expect_normal),
+        ("/server_info", expect_normal),
         ("/update_weights_from_disk", f"Bearer {admin}"),
         ("/pause_generation", f"Bearer {admin}"),
         ("/continue_generation", f"Bearer {admin}"),
@@ -391,7 +393,7 @@ async def test_an_engine_not_up_yet_is_checked_before_the_first_load(
     assert (await client.update("v2"))[0] == 202
     status = await client.wait_settled()
     assert "--sglang-load-format auto" in status["last_error"]["message"]
-    assert (status["bytes_done"], sglang.names) == (0, ["model_info"])
+    assert (status["bytes_done"], sglang.names) == (0, ["model_info", "server_info"])
     held.release()
 
 

@@ -5,7 +5,10 @@ it (sglang/srt/entrypoints/http_server.py, managers/io_struct.py, utils/auth.py)
     POST /update_weights_from_disk  {"model_path", "weight_version", "flush_cache", "load_format"?}
                                     -> 200 {"success": true, "message"} | 400 {"success": false, ...}
     POST /continue_generation       {}
-    GET  /model_info                {"model_path", "weight_version", "load_format", ...}
+    GET  /model_info                {"model_path", "weight_version", ...}
+    GET  /server_info               {**server_args, ..., "load_format", "version"}: the launch
+                                    flags, so load_format is the server's --load-format (what a
+                                    disk update without one uses); /model_info has no load_format
     POST /generate                  {"text", "sampling_params": {"max_new_tokens", ...}}
                                     -> {"text", "output_ids", "meta_info": {"finish_reason":
                                         {"type": "stop" | "length" | "abort", ...}, ...}}
@@ -13,8 +16,8 @@ it (sglang/srt/entrypoints/http_server.py, managers/io_struct.py, utils/auth.py)
 
 Every route takes a JSON body (an empty one fails validation, answered 400). With `--api-key`
 and/or `--admin-api-key` the server wants `Authorization: Bearer`: the three POST routes take
-the admin key when the server has one (then only that key), else the api key; /model_info takes
-the api key when there is one, else nothing.
+the admin key when the server has one (then only that key), else the api key; /model_info and
+/server_info take the api key when there is one, else nothing.
 
 What a load leaves, per SGLang's own code: refused before any weight is written (no model
 loader for the format, no weights at the path, online updates unsupported) the old weights
@@ -121,7 +124,7 @@ class SGLangEngine(DiskStagedEngine):
             )
         if not isinstance(info, dict) or not isinstance(info.get("weight_version"), str):
             raise EngineMisconfigured(f"SGLang at {url}: /model_info has no weight_version: {info!r:.300}")
-        boot_format = info.get("load_format")
+        boot_format = await self._server_load_format(limit_s)
         if boot_format == DUMMY_FORMAT and self.load_format is None:
             raise EngineMisconfigured(
                 f"SGLang at {url} runs --load-format dummy, and a disk update without a load format "
@@ -150,15 +153,25 @@ class SGLangEngine(DiskStagedEngine):
                 "model_path: not the API of SGLang 0.5.23"
             )
         path = info.get("model_path")
-        boot = DiskWeights(
-            info["weight_version"],
-            path if isinstance(path, str) else None,
-            boot_format if isinstance(boot_format, str) else None,
-        )
+        boot = DiskWeights(info["weight_version"], path if isinstance(path, str) else None, boot_format)
         why = reloadable_boot_path(path)
         if why is None and boot_format == DUMMY_FORMAT:
             why = "SGLang booted with dummy weights"
         return boot, why
+
+    async def _server_load_format(self, limit_s: float) -> str | None:
+        # SGLang reports its launch flags, --load-format among them, in /server_info only.
+        url = self._http.base_url
+        status, info = await self._http.call(
+            "GET", "/server_info", limit_s=limit_s, ok_statuses=(404,), token=self._api_key
+        )
+        if status == 404:
+            raise EngineMisconfigured(
+                f"SGLang at {url} has no /server_info, where SGLang 0.5.23 reports its load format: "
+                "upgrade it (the adapter follows SGLang 0.5.23)"
+            )
+        load_format = info.get("load_format") if isinstance(info, dict) else None
+        return load_format if isinstance(load_format, str) else None
 
     async def apply(self, weights: DiskWeights) -> None:
         body: dict[str, Any] = {
