@@ -91,6 +91,9 @@ class FastDeployStandIn:
         # Set by a test: update_weights waits for it (a load in progress, without sleeping).
         self.hold_update: asyncio.Event | None = None
         self.update_started = asyncio.Event()
+        # Envelope fields left out of every control reply: c1b7c08 always writes all four, but
+        # the agent decides on the HTTP status and `status` alone, and this checks it does.
+        self.omit_fields: set[str] = set()
         self._digests = [hashlib.sha256(k.encode()).digest() for k in api_keys]
         self._engine = asyncio.Lock()
         app = web.Application(middlewares=[self._method_not_allowed, self._auth])
@@ -136,14 +139,15 @@ class FastDeployStandIn:
             return web.json_response({"error": "Unauthorized"}, status=401)
         return await handler(request)
 
-    @staticmethod
-    def _envelope(request_id: str, code: int, message: str | None, result: Any = None) -> web.Response:
+    def _envelope(self, request_id: str, code: int, message: str | None, result: Any = None) -> web.Response:
         body = {
             "request_id": request_id,
             "status": "success" if code == 200 else "error",
             "error_message": message,
             "result": result,
         }
+        for name in self.omit_fields:
+            body.pop(name, None)
         return web.json_response(body, status=code)
 
     async def _control(self, method: str, args: dict[str, Any] | None) -> web.Response:

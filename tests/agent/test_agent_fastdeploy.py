@@ -88,6 +88,26 @@ async def test_update_drives_pause_update_resume(
     assert (code, body["error"]) == (404, "NotSupported")
 
 
+async def test_a_reply_without_request_id_or_error_message_is_judged_on_its_status(
+    agent_factory: AgentFactory, fastdeploy: FastDeployStandIn
+) -> None:
+    fastdeploy.omit_fields = {"request_id", "error_message"}
+    client = await _agent(agent_factory, fastdeploy)
+    assert (await client.update("v2"))[0] == 202
+    status = await client.wait_settled()
+    assert (status["version"], status["state"], fastdeploy.ranks) == ("v2", "idle", ["v2", "v2"])
+    assert [name for name, _ in fastdeploy.calls] == ["pause", "update_weights", "resume"]
+
+    # An error without error_message still fails, on HTTP 500 and status "error", and v2 is
+    # loaded back (read as a success without its bookkeeping fields too).
+    fastdeploy.failures["v3"] = MidLoadFailure(ranks=frozenset({1}))
+    assert (await client.update("v3"))[0] == 202
+    status = await client.wait_settled()
+    assert (status["state"], status["version"], fastdeploy.ranks) == ("failed", "v2", ["v2", "v2"])
+    assert "HTTP 500, status error" in status["last_error"]["message"]
+    assert fastdeploy.paused is False
+
+
 async def test_a_fastdeploy_client_through_the_agent(
     agent_factory: AgentFactory, fastdeploy: FastDeployStandIn
 ) -> None:

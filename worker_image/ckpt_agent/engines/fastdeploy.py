@@ -14,7 +14,9 @@ engine/request.py ControlResponse, engine/common_engine.py `_control_*`, rl/dyna
 Every answer is the envelope {request_id, status: "success"|"error", error_message, result},
 whose HTTP status is its code; refusals before the engine runs (400 for a wrong parameter type,
 401 without the API key) are bare JSON. A success is HTTP 200 *and* status "success"; anything
-else fails the load, quoting the status and FastDeploy's error_message.
+else fails the load, quoting the status and FastDeploy's error_message. Only the HTTP status,
+`status` and `result` decide: request_id and error_message are read when present, never
+required (a reply without them is judged on its status alone).
 
 Failure truth: each rank checks names, shapes and dtypes and then writes the new values into
 the live parameters in place, so a failed update (or a rank that reports another version) may
@@ -35,7 +37,7 @@ from contextlib import suppress
 from typing import Any
 
 import aiohttp
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ckpt_agent.common.errors import LoadError, Reason
 from ckpt_agent.engines.base import LoadJob, LoadOutcome
@@ -44,9 +46,33 @@ from ckpt_agent.pipeline.pause_gate import LOAD, WEIGHTS_LOST, PauseGate
 from ckpt_agent.pipeline.reader import LoadProgress, fetch_manifest
 from ckpt_agent.pipeline.smoke import CALL_GRACE_S, Verdict, check_generation, completion_choice, failed
 from ckpt_agent.transport import open_transport
-from ckpt_api.agent_api import HealthCheckRequest, PauseReply, PauseState, RankResult, UpdateWeightsReply
+from ckpt_api.agent_api import ControlStatus, HealthCheckRequest, LoadFailure, PauseState, RankResult
 
 log = logging.getLogger(__name__)
+
+
+# FastDeploy's envelope as the agent reads it. Unlike the agent's own ControlReply (which always
+# carries request_id and error_message), a reply is judged on its HTTP status and `status` only:
+# one that lacks the bookkeeping fields must not turn a success into a failed load.
+class _EngineReply(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    status: ControlStatus
+    request_id: str | None = None
+    error_message: str | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status is ControlStatus.SUCCESS
+
+
+class _EnginePauseReply(_EngineReply):
+    result: PauseState | None = None
+
+
+class _EngineUpdateReply(_EngineReply):
+    result: list[RankResult] | LoadFailure | None = None
+
 
 # FastDeploy bounds update_weights itself: each rank must answer within 60 s
 # (common_engine.py `_call_worker(control_request, 60)`, then 500 "... timed out after 60s"),
@@ -125,7 +151,7 @@ class FastDeployEngine:
         self,
         method: str,
         path: str,
-        model: type[PauseReply] | type[UpdateWeightsReply],
+        model: type[_EnginePauseReply] | type[_EngineUpdateReply],
         body: dict[str, Any] | None = None,
         *,
         limit_s: float,
@@ -154,21 +180,21 @@ class FastDeployEngine:
 
     async def pause(self) -> None:
         try:
-            await self._call("POST", "/v1/pause", PauseReply, limit_s=self._pause_timeout)
+            await self._call("POST", "/v1/pause", _EnginePauseReply, limit_s=self._pause_timeout)
         except _Unreached:
             raise
         except LoadError:
             # A pause we gave up on may still complete (FastDeploy runs control calls one at a
             # time): undo it. Resume is re-entrant there, so this is safe either way.
             with suppress(LoadError):
-                await self._call("POST", "/v1/resume", PauseReply, limit_s=self._control_timeout)
+                await self._call("POST", "/v1/resume", _EnginePauseReply, limit_s=self._control_timeout)
             raise
 
     async def resume(self) -> None:
         # Resuming is what gives traffic back; retry briefly before declaring the engine stuck.
         for attempt in range(1, self._resume_attempts + 1):
             try:
-                await self._call("POST", "/v1/resume", PauseReply, limit_s=self._control_timeout)
+                await self._call("POST", "/v1/resume", _EnginePauseReply, limit_s=self._control_timeout)
                 return
             except LoadError:
                 if attempt == self._resume_attempts:
@@ -177,7 +203,7 @@ class FastDeployEngine:
                 await asyncio.sleep(0.2 * attempt)
 
     async def is_paused(self) -> bool:
-        result = await self._call("GET", "/v1/is_paused", PauseReply, limit_s=self._control_timeout)
+        result = await self._call("GET", "/v1/is_paused", _EnginePauseReply, limit_s=self._control_timeout)
         if not isinstance(result, PauseState):
             raise LoadError(
                 Reason.ENGINE_ERROR, f"FastDeploy GET /v1/is_paused: no result.is_paused: {result!r}"
@@ -189,7 +215,7 @@ class FastDeployEngine:
         result = await self._call(
             "POST",
             "/v1/update_weights",
-            UpdateWeightsReply,
+            _EngineUpdateReply,
             {"version": version, "verify_checksum": verify_checksum},
             limit_s=self._update_timeout,
         )
