@@ -13,8 +13,8 @@ model_executor/model_runner_components/weight_updater.py, utils/auth.py):
     GET  /model_info, /get_model_info   {"model_path", "served_model_name", "weight_version", ...}
                                         (no load_format)
     GET  /server_info, /get_server_info {**server_args, **scheduler_info, "internal_states",
-                                         "version"}: the launch flags, so "load_format" is the
-                                        --load-format it started with, never an update's
+                                         "version"}: "model_path" and "load_format" are the
+                                        launch flags until a load succeeds, then that load's
     POST /generate                  {"text", "sampling_params": {"max_new_tokens" = 128, ...}, ...}
                                     -> {"text", "output_ids", "meta_info": {"id", "finish_reason":
                                         {"type": "length", "length"} | {"type": "stop", "matched"}
@@ -25,8 +25,10 @@ model_executor/model_runner_components/weight_updater.py, utils/auth.py):
 
 Where load_format is reported was checked against SGLang's http_server.py at commit 9c0549b7
 (get_model_info: model_path, tokenizer_path, is_generation; get_server_info:
-dataclasses.asdict(server_args) | scheduler_info | internal_states | version): the launch
---load-format is in the server info only, and an update's format never changes server_args.
+dataclasses.asdict(server_args) | scheduler_info | internal_states | version): the format is in
+the server info only. The tokenizer manager fills an update's missing format from
+server_args.load_format and, on success, writes the update's path and format back there
+(tokenizer_manager.py _update_model_path_info), so both report the last successful load's.
 
 As in 0.5.23: every body is required JSON, unknown fields are ignored, and a validation error
 is 400 (not 422). Auth (only with an api key or an admin api key): the POST routes take the
@@ -34,8 +36,8 @@ admin key when there is one, else the api key; /model_info and /server_info take
 there is one;
 /health is open; 401 {"error": "Unauthorized"}.
 
-A disk update resolves its load format (none: the server's --load-format, as the tokenizer
-manager fills it from server_args; "dummy" is refused
+A disk update resolves its load format (none: server_args.load_format, the launch flag or the
+last successful load's; "dummy" is refused
 with "Failed to get model loader"), points the runner's model path at the request's before any
 check, refuses a missing directory ("Failed to get weights iterator", weights untouched), then
 writes tensors one by one. A failure while writing runs SGLang's "rollback", which re-reads the
@@ -125,7 +127,7 @@ class SGLangStandIn:
         self.weights = ModelWeights(boot_path, boot_dir)
         self.model_path = self.served_model_name = self.runner_model_path = boot_path
         self.weight_version = self.scheduler_weight_version = weight_version
-        self.load_format = self.server_load_format = load_format
+        self.load_format = load_format
         self.paused: str | None = None  # the pause mode while paused
         self.running_requests = 0  # requests holding KV cache (traffic in flight)
         self.dead = False
@@ -201,7 +203,7 @@ class SGLangStandIn:
     async def _update(self, request: web.Request) -> web.Response:
         body = await self._body(request, "update_weights_from_disk", required=("model_path",))
         path: str = body["model_path"]
-        load_format = body.get("load_format") or self.server_load_format
+        load_format = body.get("load_format") or self.load_format
         version = body.get("weight_version")
         if body.get("abort_all_requests"):
             self.running_requests = 0
@@ -271,8 +273,8 @@ class SGLangStandIn:
         self.calls.append(("server_info", None))
         return web.json_response(
             {
-                "model_path": self._boot[0],
-                "load_format": self.server_load_format,
+                "model_path": self.model_path,
+                "load_format": self.load_format,
                 "internal_states": [{"weight_version": self.scheduler_weight_version}],
                 "version": VERSION,
             }

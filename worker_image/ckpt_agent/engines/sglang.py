@@ -7,8 +7,9 @@ it (sglang/srt/entrypoints/http_server.py, managers/io_struct.py, utils/auth.py)
     POST /continue_generation       {}
     GET  /model_info                {"model_path", "weight_version", ...}
     GET  /server_info               {**server_args, ..., "load_format", "version"}: the launch
-                                    flags, so load_format is the server's --load-format (what a
-                                    disk update without one uses); /model_info has no load_format
+                                    flags, load_format among them, rewritten by each successful
+                                    load (what a disk update without one uses); /model_info has
+                                    no load_format
     POST /generate                  {"text", "sampling_params": {"max_new_tokens", ...}}
                                     -> {"text", "output_ids", "meta_info": {"finish_reason":
                                         {"type": "stop" | "length" | "abort", ...}, ...}}
