@@ -6,7 +6,8 @@ model_executor/model_runner_components/weight_updater.py, utils/auth.py):
     POST /pause_generation          {"mode": "abort"|"retract"|"in_place" = "abort"}
     POST /continue_generation       {"torch_empty_cache": bool = true}
     POST /update_weights_from_disk  {"model_path", "load_format"?, "weight_version"?,
-                                     "flush_cache" = true, "abort_all_requests" = false}
+                                     "flush_cache" = true, "abort_all_requests" = false,
+                                     "keep_pause" = false}
                                     -> 200 {"success": true, "message", "num_paused_requests": 0}
                                      | 400 {"success": false, "message", ...}
     POST /update_weight_version     {"new_version", "abort_all_requests" = true}
@@ -22,6 +23,14 @@ model_executor/model_runner_components/weight_updater.py, utils/auth.py):
                                         "completion_tokens", ...}}   (a single text, no stream;
                                     managers/schedule_batch.py FINISH_* to_json)
     GET  /health                    (there is no /get_weight_version in 0.5.23: 404)
+
+keep_pause: SGLang's io_struct.py UpdateWeightFromDiskReqInput declares it "Whether to keep the
+scheduler paused after weight update" (default false). tokenizer_manager.py pause_generation
+forwards retract/in_place (not abort) to the scheduler, so only those pauses are the scheduler's;
+the stand-in ends them at the end of an update without keep_pause. The scheduler-side code that
+reads keep_pause was not in the snapshots read (tokenizer_manager.py 001067ff,
+scheduler_components/weight_updater.py 00a2ca2e, scheduler_update_weights_mixin.py 018c9109
+never read it): this follows the field's declared meaning, not a read handler.
 
 Where load_format is reported was checked against SGLang's http_server.py at commit 9c0549b7
 (get_model_info: model_path, tokenizer_path, is_generation; get_server_info:
@@ -62,6 +71,8 @@ from ckpt_agent.server.httpserver import AppServer
 
 VERSION = "0.5.23"
 PAUSE_MODES = ("abort", "retract", "in_place")
+# Modes the tokenizer manager forwards to the scheduler (abort only gates new requests there).
+SCHEDULER_PAUSES = ("retract", "in_place")
 LOAD_FORMATS = ("auto", "safetensors", "pt", "npcache", "dummy", "sharded_state", "gguf", "bitsandbytes")
 ADMIN_ROUTES = {
     "/pause_generation",
@@ -104,6 +115,8 @@ class SGLangStandIn:
         self.calls: list[tuple[str, Any]] = []
         self.auth: list[tuple[str, str | None]] = []  # (path, Authorization header) per request
         self.resumed_with: list[frozenset[str]] = []  # where the weights came from, at each continue
+        # The same, each time an update without keep_pause let a retract/in_place pause go.
+        self.resumed_by_update: list[frozenset[str]] = []
         self.unmounted: tuple[str, ...] = ()  # paths SGLang's container does not see
         self.crash_on: set[str] = set()  # routes whose call kills the server (a crash at that moment)
         self.generator = Generator()  # what /generate answers (set `fault` for garbage)
@@ -202,6 +215,14 @@ class SGLangStandIn:
 
     async def _update(self, request: web.Request) -> web.Response:
         body = await self._body(request, "update_weights_from_disk", required=("model_path",))
+        response = self._load(request, body)
+        if not self.dead and self.paused in SCHEDULER_PAUSES and not body.get("keep_pause"):
+            # The scheduler's pause ends with the update: the requests it held run on whatever
+            # the update left loaded, before any continue_generation.
+            self.resumed_by_update.append(self.weights.sources())
+        return response
+
+    def _load(self, request: web.Request, body: dict[str, Any]) -> web.Response:
         path: str = body["model_path"]
         load_format = body.get("load_format") or self.load_format
         version = body.get("weight_version")

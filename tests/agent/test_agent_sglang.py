@@ -49,7 +49,12 @@ async def test_a_load_is_paused_loaded_with_its_version_confirmed_and_continued(
         ("pause_generation", {"mode": "abort"}),
         (
             "update_weights_from_disk",
-            {"model_path": str(staging / "v2"), "weight_version": "v2", "flush_cache": True},
+            {
+                "model_path": str(staging / "v2"),
+                "weight_version": "v2",
+                "flush_cache": True,
+                "keep_pause": True,
+            },
         ),
         ("model_info", None),
         ("continue_generation", {}),
@@ -83,6 +88,31 @@ async def test_the_pause_mode_is_configurable(
     (update,) = _updates(sglang)
     assert update["flush_cache"] is flush
     assert holds(sglang, tree, "v2")
+    # The scheduler's pause holds until the agent's continue, after the confirm.
+    assert (sglang.resumed_by_update, sglang.names[-2:]) == ([], ["model_info", "continue_generation"])
+
+
+@pytest.mark.parametrize("mode", ["retract", "in_place"])
+async def test_a_failed_load_is_restored_before_paused_requests_run(
+    mode: str, tree: Tree, agent_factory: AgentFactory, start_sglang: Starter, tmp_path: Path
+) -> None:
+    """Requests held by a retract/in_place pause never run on a half-written version: every
+    update keeps SGLang's scheduler paused until the agent has restored v2 and resumed."""
+    sglang: SGLangStandIn = await start_sglang(boot_dir=tree.root / "v1")
+    client = await disk_agent(
+        agent_factory, "sglang", sglang.server.url, tree, tmp_path / "s", sglang_pause_mode=mode
+    )
+    assert (await client.update("v2"))[0] == 202
+    assert (await client.wait_settled())["version"] == "v2"
+    sglang.weights.faults.extend([3, None])  # the load fails part way; SGLang's re-read works
+
+    assert (await client.update("v3"))[0] == 202
+    status = await client.wait_settled()
+    assert (status["state"], status["version"], status["weights_lost"]) == ("failed", "v2", False)
+    assert all(update.get("keep_pause") for update in _updates(sglang))
+    assert sglang.resumed_by_update == []
+    assert (holds(sglang, tree, "v2"), sglang.paused) == (True, None)
+    assert resumed_only_whole_versions(sglang)
 
 
 async def test_a_failure_while_loading_restores_the_previous_version(
@@ -198,6 +228,7 @@ async def test_a_first_load_failure_restores_boot_weights_from_a_local_directory
         "model_path": boot,
         "weight_version": "default",
         "flush_cache": True,
+        "keep_pause": True,
         "load_format": "auto",
     }
     assert holds(sglang, tree, "v1")

@@ -2,7 +2,8 @@
 it (sglang/srt/entrypoints/http_server.py, managers/io_struct.py, utils/auth.py):
 
     POST /pause_generation          {"mode": "abort" | "retract" | "in_place"}
-    POST /update_weights_from_disk  {"model_path", "weight_version", "flush_cache", "load_format"?}
+    POST /update_weights_from_disk  {"model_path", "weight_version", "flush_cache", "keep_pause",
+                                     "load_format"?}
                                     -> 200 {"success": true, "message"} | 400 {"success": false, ...}
     POST /continue_generation       {}
     GET  /model_info                {"model_path", "weight_version", ...}
@@ -179,6 +180,10 @@ class SGLangEngine(DiskStagedEngine):
             "model_path": weights.path,
             "weight_version": weights.version,
             "flush_cache": self._pause_mode != _KEEPS_KV,
+            # The agent resumes only after it has confirmed (or restored) a version; without it
+            # SGLang lets a retract/in_place pause go when the update ends (io_struct.py:
+            # "Whether to keep the scheduler paused after weight update").
+            "keep_pause": True,
         }
         if weights.load_format:
             body["load_format"] = weights.load_format
