@@ -22,12 +22,13 @@ from ckpt_agent.service.service import NoRelayToken
 
 @pytest.fixture
 async def recording_peer() -> AsyncIterator[tuple[str, list[str]]]:
-    """A 'peer' that records the Authorization of every request and serves nothing."""
+    """A 'peer' that records the Authorization of every request and relays nothing (410, so the
+    load takes the source at once rather than waiting out a 404 as a peer still loading)."""
     seen: list[str] = []
 
     async def handler(request: web.Request) -> web.Response:
         seen.append(request.headers.get("Authorization", ""))
-        return web.json_response({"error": "NotRelayable", "message": "nothing here"}, status=404)
+        return web.json_response({"error": "NotRelayable", "message": "nothing here"}, status=410)
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handler)
