@@ -291,7 +291,7 @@ READYZ_TRUST_S = 1.0
 # a deleted pod (for a pod-bound token) or a withdrawn RoleBinding stops working within this, and
 # never later than the token's own `exp`. A refusal is kept so that a repeated bad token costs
 # one review per window.
-# This short only with the breaker (TokenReviewAuthenticator._away): in an outage a review waits
+# This short only with the breaker (TokenReviewAuthenticator._kept_or_reviewed): in an outage a review waits
 # its TOKENREVIEW_TIMEOUT_S, longer than callers' own timeouts, so callers whose decision lapsed
 # every 10 s would each meet that wait; once one review found the apiserver away, they are
 # answered from their kept decision at once while one review at a time, in the background,
@@ -522,26 +522,23 @@ class TokenReviewAuthenticator:
             key, user, target, access, valid_for
         )
 
-    def _kept_while_away(
+    async def _kept_or_reviewed(
         self, answers: _Answers, key: Any, review: Callable[[], Coroutine[Any, Any, AuthDecision]]
-    ) -> AuthDecision | None:
-        """While the apiserver is known away, the lapsed allowed decision for ``key``, answered
-        at once; ``review`` runs in the background (one at a time) to learn when it is back."""
-        if not self._away:
-            return None
-        kept = answers.stale(key)
-        if kept is not None and (self._probe is None or self._probe.done()):
+    ) -> AuthDecision:
+        """``review()``'s decision; but while the apiserver is known away, the lapsed allowed
+        decision for ``key`` at once, with ``review`` run in the background (one at a time) to
+        learn when it is back."""
+        kept = answers.stale(key) if self._away else None
+        if kept is None:
+            return await review()
+        if self._probe is None or self._probe.done():
             self._probe = asyncio.get_running_loop().create_task(review())
         return kept
 
-    def _heard(self, answered: bool) -> None:
-        self._away = not answered
-
     async def _token_review(self, key: str, token: str, valid_for: float | None) -> AuthDecision:
-        kept = self._kept_while_away(
+        return await self._kept_or_reviewed(
             self._reviews, key, lambda: self._token_review_now(key, token, valid_for)
         )
-        return kept if kept is not None else await self._token_review_now(key, token, valid_for)
 
     async def _token_review_now(self, key: str, token: str, valid_for: float | None) -> AuthDecision:
         from kubernetes_asyncio import client
@@ -551,7 +548,7 @@ class TokenReviewAuthenticator:
             spec=client.V1TokenReviewSpec(token=token, audiences=list(self._audiences))
         )
         status = await _review(client.AuthenticationV1Api(self._api).create_token_review, body, "TokenReview")
-        self._heard(isinstance(status, dict))
+        self._away = not isinstance(status, dict)
         if not isinstance(status, dict):
             decision = await self._settled(review_failed(status))
         else:
@@ -565,12 +562,9 @@ class TokenReviewAuthenticator:
     async def _access_review(
         self, key: str, user: UserInfo, target: AccessReviewTarget, access: Access, valid_for: float | None
     ) -> AuthDecision:
-        kept = self._kept_while_away(
+        return await self._kept_or_reviewed(
             self._access, (key, access), lambda: self._access_review_now(key, user, target, access, valid_for)
         )
-        if kept is not None:
-            return kept
-        return await self._access_review_now(key, user, target, access, valid_for)
 
     async def _access_review_now(
         self, key: str, user: UserInfo, target: AccessReviewTarget, access: Access, valid_for: float | None
@@ -580,7 +574,7 @@ class TokenReviewAuthenticator:
         body = access_review(user, access, target.namespace, target.name)
         create = client.AuthorizationV1Api(self._api).create_subject_access_review
         status = await _review(create, body, "SubjectAccessReview")
-        self._heard(isinstance(status, dict))
+        self._away = not isinstance(status, dict)
         if not isinstance(status, dict):
             decision = await self._settled(review_failed(status, "access review", refused=403))
         else:
