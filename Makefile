@@ -80,11 +80,12 @@ lint: install
 	PYTHONPATH=$(PYPATHS) $(BIN)/lint-imports
 
 # The CRD (crds/), the chart's generated files (values.yaml, values.schema.json, the CRD
-# template) and the checkpoint manifest's JSON schema, all from the pydantic models.
+# template), the checkpoint manifest's JSON schema and docs/reference/, all from the models.
 crds: install
 	$(BIN)/ckpt-rollout crd > $(CRD_FILE)
 	$(BIN)/python -m ckpt_rollout.chartgen.chart_files charts/ckpt-rollout
 	$(BIN)/python -m ckpt_api.manifest > $(MANIFEST_SCHEMA)
+	$(BIN)/python -m ckpt_e2e.reference_docs docs/reference
 
 # crds, plus the static manifest of the `kubectl apply` install path (needs helm: provisioned
 # like the control-plane binaries).
@@ -96,7 +97,7 @@ generate: crds
 
 # Regenerates every generated file and fails if the committed copies differ.
 verify: generate
-	git diff --exit-code -- crds/ charts/ examples/kubectl/ $(MANIFEST_SCHEMA)
+	git diff --exit-code -- crds/ charts/ examples/kubectl/ docs/reference/ $(MANIFEST_SCHEMA)
 
 # README's main job: the whole product on a local control plane, ending in `demo: OK ...`.
 demo: install system-deps provision
