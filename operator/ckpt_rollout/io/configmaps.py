@@ -6,7 +6,8 @@ large ConfigMaps no rollout reads, and the operator keeps none of them. A traine
 reaches the rollouts that name the ConfigMap within one watch event."""
 
 import asyncio
-import logging
+import functools
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,12 +15,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from ckpt_rollout.domain.version_source import ConfigMapState
-from ckpt_rollout.io.watchstream import LIST_TIMEOUT_S, follow, list_body
-
-log = logging.getLogger(__name__)
-
-RETRY_S = 2.0
-FORBIDDEN_RETRY_S = 10.0  # RBAC changes are rare: don't hammer the apiserver meanwhile
+from ckpt_rollout.io.reflector import Reflector
 
 Key = tuple[str, str]  # (namespace, name)
 
@@ -84,50 +80,20 @@ class ConfigMapWatch:
 
     async def _run(self, key: Key, followed: _Followed) -> None:
         namespace, name = key
-        while True:
-            try:
-                version = await self._list(key, followed)
-                while True:
-                    version = await self._watch(key, followed, version)
-            except asyncio.CancelledError:
-                raise
-            except ApiException as exc:
-                if exc.status == 410:  # the version is too old: relist at once
-                    continue
-                if exc.status in (401, 403):
-                    # Rollouts that name it say so in their status, not only in this log.
-                    self._set(followed, ConfigMapState(error=f"{exc.status} {exc.reason}"))
-                log.warning("ConfigMap %s/%s: API error %s; relisting", namespace, name, exc.status)
-                await asyncio.sleep(FORBIDDEN_RETRY_S if exc.status in (401, 403) else RETRY_S)
-            except Exception as exc:  # keep following; the next list repairs any gap
-                log.warning("ConfigMap %s/%s: %r; relisting in %.0fs", namespace, name, exc, RETRY_S)
-                await asyncio.sleep(RETRY_S)
-
-    async def _request(self, key: Key, **kwargs: Any) -> Any:
-        kwargs.setdefault("_request_timeout", LIST_TIMEOUT_S)  # a watch passes its own
-        namespace, name = key
-        return await self._core.list_namespaced_config_map(
-            namespace, field_selector=f"metadata.name={name}", _preload_content=False, **kwargs
+        list_call = functools.partial(
+            self._core.list_namespaced_config_map, namespace, field_selector=f"metadata.name={name}"
         )
 
-    async def _list(self, key: Key, followed: _Followed) -> str:
-        resp = await self._request(key)
-        body = await list_body(resp)
-        items = body.get("items") or []
-        self._set(followed, configmap_state(items[0] if items else None))
-        return str(body["metadata"]["resourceVersion"])
-
-    async def _watch(self, key: Key, followed: _Followed, version: str) -> str:
-        resp = await self._request(
-            key,
-            watch=True,
-            resource_version=version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=self._watch_timeout_s,
-            _request_timeout=self._watch_timeout_s + 30,
-        )
+        async def replace(items: AsyncIterator[dict[str, Any]]) -> None:
+            found = [item async for item in items]
+            self._set(followed, configmap_state(found[0] if found else None))
 
         def apply(kind: str, obj: dict[str, Any]) -> None:
             self._set(followed, configmap_state(None if kind == "DELETED" else obj))
 
-        return await follow(resp, version, apply)
+        def denied(exc: ApiException) -> None:
+            # Rollouts that name it say so in their status, not only in the reflector's log.
+            self._set(followed, ConfigMapState(error=f"{exc.status} {exc.reason}"))
+
+        what = f"ConfigMap {namespace}/{name}"
+        await Reflector(what, list_call, replace, apply, self._watch_timeout_s, denied).run()

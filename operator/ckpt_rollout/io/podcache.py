@@ -8,20 +8,15 @@ name, IP and labels, so that is all this keeps.
 """
 
 import asyncio
-import logging
+import functools
+from collections.abc import AsyncIterator
 from typing import Any
 
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from ckpt_api.vocabulary import PodPhase
 from ckpt_rollout.domain.world import Pod
-from ckpt_rollout.io.watchstream import LIST_TIMEOUT_S, follow, list_body
-
-log = logging.getLogger(__name__)
-
-LIST_PAGE = 500
-RETRY_S = 2.0
+from ckpt_rollout.io.reflector import Reflector
 
 
 def _startup(obj: dict[str, Any]) -> tuple[object, ...]:
@@ -125,50 +120,30 @@ class PodCache:
         return before is None or _startup(before) != _startup(obj)
 
     async def run(self) -> None:
-        """Follow pods until cancelled: list, watch from the list's version, relist on errors."""
-        await asyncio.gather(*(self._follow(ns) for ns in self._namespaces))
+        """Follow pods until cancelled, one reflector per namespace (or one for all)."""
+        await asyncio.gather(*(self._reflector(ns).run() for ns in self._namespaces))
 
-    async def _follow(self, namespace: str) -> None:
-        while True:
-            try:
-                version = await self._relist(namespace)
-                self._synced[namespace].set()
-                while True:
-                    version = await self._watch(namespace, version)
-            except asyncio.CancelledError:
-                raise
-            except ApiException as exc:
-                if exc.status != 410:  # 410 Gone: the version is too old, relist at once
-                    log.warning(
-                        "pods in %s: API error %s; relisting", namespace or "all namespaces", exc.status
-                    )
-                    await asyncio.sleep(RETRY_S)
-            except Exception as exc:  # keep following; the next list repairs any gap
-                log.warning("pods in %s: %r; relisting in %.0fs", namespace or "all namespaces", exc, RETRY_S)
-                await asyncio.sleep(RETRY_S)
-
-    async def _list(self, namespace: str, **kwargs: Any) -> Any:
-        kwargs.setdefault("_request_timeout", LIST_TIMEOUT_S)  # a watch passes its own
+    def _reflector(self, namespace: str) -> Reflector:
         if namespace:
-            return await self._core.list_namespaced_pod(namespace, _preload_content=False, **kwargs)
-        return await self._core.list_pod_for_all_namespaces(_preload_content=False, **kwargs)
+            list_call = functools.partial(self._core.list_namespaced_pod, namespace)
+        else:
+            list_call = self._core.list_pod_for_all_namespaces
 
-    async def _relist(self, namespace: str) -> str:
+        async def replace(items: AsyncIterator[dict[str, Any]]) -> None:
+            await self._replace(namespace, items)
+
+        what = f"pods in {namespace or 'all namespaces'}"
+        return Reflector(what, list_call, replace, self.apply, self._watch_timeout_s)
+
+    async def _replace(self, namespace: str, items: AsyncIterator[dict[str, Any]]) -> None:
         listed: dict[str, dict[str, Pod]] = {}
         waiting: dict[str, dict[str, dict[str, Any]]] = {}
-        token: str | None = None
-        while True:
-            resp = await self._list(namespace, limit=LIST_PAGE, **({"_continue": token} if token else {}))
-            body = await list_body(resp)
-            for item in body.get("items") or []:
-                item_ns, item_name = item["metadata"]["namespace"], item["metadata"]["name"]
-                if (pod := running_pod(item)) is not None:
-                    listed.setdefault(item_ns, {})[pod.name] = pod
-                elif not item["metadata"].get("deletionTimestamp"):
-                    waiting.setdefault(item_ns, {})[item_name] = startup_view(item)
-            token = body.get("metadata", {}).get("continue")
-            if not token:
-                break
+        async for item in items:
+            item_ns, item_name = item["metadata"]["namespace"], item["metadata"]["name"]
+            if (pod := running_pod(item)) is not None:
+                listed.setdefault(item_ns, {})[pod.name] = pod
+            elif not item["metadata"].get("deletionTimestamp"):
+                waiting.setdefault(item_ns, {})[item_name] = startup_view(item)
         if namespace:
             self._pods[namespace] = listed.get(namespace, {})
             self._waiting[namespace] = waiting.get(namespace, {})
@@ -177,15 +152,4 @@ class PodCache:
             self._waiting = waiting
         for changed in self._subscribers:  # a relist may have missed events: look again
             self._changed(changed)
-        return str(body["metadata"]["resourceVersion"])
-
-    async def _watch(self, namespace: str, version: str) -> str:
-        resp = await self._list(
-            namespace,
-            watch=True,
-            resource_version=version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=self._watch_timeout_s,
-            _request_timeout=self._watch_timeout_s + 30,
-        )
-        return await follow(resp, version, self.apply)
+        self._synced[namespace].set()
