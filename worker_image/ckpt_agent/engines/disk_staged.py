@@ -17,27 +17,24 @@ confirms it. If that fails too, or there is nothing to reload, the load fails wi
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import secrets
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from ckpt_agent.common.errors import LoadError, Reason
 from ckpt_agent.engines.base import LoadJob, LoadOutcome
+from ckpt_agent.engines.engine_http import EngineHttp, timed_generation
 from ckpt_agent.formats.manifest import DEFAULT_MAX_MANIFEST_BYTES, Manifest, OutputReference
 from ckpt_agent.pipeline.pause_gate import LOAD, WEIGHTS_LOST, PauseGate
 from ckpt_agent.pipeline.pull import checksum_verified, open_version, pull_into
 from ckpt_agent.pipeline.reader import DEFAULT_CHUNK_BYTES, LoadProgress, read_extra_files
 from ckpt_agent.pipeline.relay_copy import RelayCopy
 from ckpt_agent.pipeline.relay_peer import is_peer_fault
-from ckpt_agent.pipeline.smoke import CALL_GRACE_S, Verdict, check_generation, completion_choice
+from ckpt_agent.pipeline.smoke import Verdict
 from ckpt_agent.pipeline.staging_dir import StagedDirectory, sweep_orphans
 from ckpt_agent.transport import Transport
 from ckpt_api.agent_api import HealthCheckRequest
@@ -47,13 +44,6 @@ log = logging.getLogger(__name__)
 # Holds the engine paused after its weights were lost: neither a load's end nor an operator's
 # resume may give traffic back to weights nobody can vouch for; the next successful load does.
 WEIGHTS_LOST_HOLDER = WEIGHTS_LOST
-
-
-class EngineUnreachable(LoadError):
-    """The engine did not answer (down, restarting, or too slow)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(Reason.ENGINE_ERROR, message)
 
 
 class EngineMisconfigured(LoadError):
@@ -81,83 +71,6 @@ class DiskWeights:
 
     def __str__(self) -> str:
         return f"{self.version} ({self.path})"
-
-
-class EngineHttp:
-    """JSON calls to the engine's HTTP server; any failure is a LoadError(EngineError)."""
-
-    def __init__(self, base_url: str, label: str) -> None:
-        self.base_url = base_url.rstrip("/")
-        self._label = label
-        self._session: aiohttp.ClientSession | None = None
-
-    async def start(self) -> None:
-        self._session = aiohttp.ClientSession()
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-
-    async def call(
-        self,
-        method: str,
-        path: str,
-        body: dict[str, Any] | None = None,
-        *,
-        limit_s: float,
-        params: dict[str, str] | None = None,
-        ok_statuses: tuple[int, ...] = (),
-        token: str | None = None,
-    ) -> tuple[int, Any]:
-        assert self._session is not None, "engine not started"
-        headers = {"Authorization": f"Bearer {token}"} if token else None
-        try:
-            async with self._session.request(
-                method,
-                self.base_url + path,
-                json=body,
-                params=params,
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=limit_s),
-            ) as resp:
-                text = await resp.text()
-                if resp.status // 100 != 2 and resp.status not in ok_statuses:
-                    raise LoadError(
-                        Reason.ENGINE_ERROR, f"{self._label} {path} answered HTTP {resp.status}: {text[:500]}"
-                    )
-                try:
-                    return resp.status, _decode(text, strict=resp.status // 100 == 2)
-                except ValueError as exc:
-                    raise LoadError(
-                        Reason.ENGINE_ERROR, f"{self._label} {path} answered non-JSON: {exc}"
-                    ) from None
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise EngineUnreachable(f"{self._label} at {self.base_url}: {path} failed: {exc!r}") from None
-
-
-def _decode(text: str, *, strict: bool) -> Any:
-    """JSON of a reply; an error reply (e.g. a plain-text 404) may be text instead."""
-    if not text.strip():
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        if strict:
-            raise
-        return text
-
-
-async def completion(
-    http: EngineHttp, check: HealthCheckRequest, token: str | None = None
-) -> tuple[object, object]:
-    """(text, finish reason) of a greedy OpenAI-compatible `/v1/completions` call, for the
-    server's served model (vLLM's request leaves `model` optional). `token`: the server's
-    --api-key, which guards /v1 routes."""
-    body = {"prompt": check.prompt, "max_tokens": check.max_tokens, "temperature": 0}
-    _, reply = await http.call(
-        "POST", "/v1/completions", body, limit_s=check.timeout_seconds + CALL_GRACE_S, token=token
-    )
-    return completion_choice(reply)
 
 
 def reloadable_boot_path(path: object) -> str | None:
@@ -256,9 +169,7 @@ class DiskStagedEngine:
         raise NotImplementedError(f"{self.name} serves its own API")
 
     async def smoke(self, check: HealthCheckRequest, reference: OutputReference | None) -> Verdict:
-        started = time.monotonic()
-        text, finish_reason = await self.generate(check)
-        return check_generation(text, finish_reason, time.monotonic() - started)
+        return await timed_generation(self.generate(check))
 
     async def load(self, job: LoadJob, gate: PauseGate, progress: LoadProgress) -> LoadOutcome:
         try:

@@ -30,21 +30,19 @@ fetched first, so an unknown version or a digest mismatch is refused before the 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import time
 from contextlib import suppress
 from typing import Any
 
-import aiohttp
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ckpt_agent.common.errors import LoadError, Reason
 from ckpt_agent.engines.base import LoadJob, LoadOutcome
+from ckpt_agent.engines.engine_http import EngineHttp, EngineNotConnected, completion, timed_generation
 from ckpt_agent.formats.manifest import DEFAULT_MAX_MANIFEST_BYTES, OutputReference
 from ckpt_agent.pipeline.pause_gate import LOAD, WEIGHTS_LOST, PauseGate
 from ckpt_agent.pipeline.reader import LoadProgress, fetch_manifest
-from ckpt_agent.pipeline.smoke import CALL_GRACE_S, Verdict, check_generation, completion_choice, failed
+from ckpt_agent.pipeline.smoke import Verdict
 from ckpt_agent.transport import open_transport
 from ckpt_api.agent_api import ControlStatus, HealthCheckRequest, LoadFailure, PauseState, RankResult
 
@@ -104,10 +102,6 @@ class _Refused(LoadError):
         return 400 <= self.status < 500 or self.said.endswith(PAUSE_REQUIRED)
 
 
-class _Unreached(LoadError):
-    """No connection: the call never reached FastDeploy."""
-
-
 class FastDeployEngine:
     name = "fastdeploy"
     supports_infer = False
@@ -129,23 +123,20 @@ class FastDeployEngine:
         max_manifest_bytes: int = DEFAULT_MAX_MANIFEST_BYTES,
         resume_attempts: int = 3,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
         self._api_key = api_key
         self._control_timeout = control_timeout
         self._pause_timeout = pause_timeout
         self._update_timeout = update_timeout
         self._max_manifest = max_manifest_bytes
         self._resume_attempts = resume_attempts
-        self._session: aiohttp.ClientSession | None = None
+        # FastDeploy's AuthenticationMiddleware (--api-key / FD_API_KEY) guards every /v1 path.
+        self._http = EngineHttp(base_url, "FastDeploy", token=api_key)
 
     async def start(self) -> None:
-        # FastDeploy's AuthenticationMiddleware (--api-key / FD_API_KEY) guards every /v1 path.
-        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else None
-        self._session = aiohttp.ClientSession(headers=headers)
+        await self._http.start()
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        await self._http.close()
 
     async def _call(
         self,
@@ -156,18 +147,9 @@ class FastDeployEngine:
         *,
         limit_s: float,
     ) -> Any:
-        """The call's `result`; raises _Refused (FastDeploy said no), _Unreached, or LoadError."""
-        assert self._session is not None, "engine not started"
+        """The call's `result`; raises _Refused (FastDeploy said no), EngineNotConnected, or LoadError."""
         what = f"FastDeploy {method} {path}"
-        try:
-            async with self._session.request(
-                method, self.base_url + path, json=body, timeout=aiohttp.ClientTimeout(total=limit_s)
-            ) as resp:
-                status, text = resp.status, await resp.text()
-        except aiohttp.ClientConnectorError as exc:
-            raise _Unreached(Reason.ENGINE_ERROR, f"{what}: cannot connect: {exc}") from None
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise LoadError(Reason.ENGINE_ERROR, f"{what} failed: {exc!r}") from None
+        status, text = await self._http.exchange(method, path, body, limit_s=limit_s)
         try:
             reply = model.model_validate_json(text)
         except ValidationError:
@@ -181,7 +163,7 @@ class FastDeployEngine:
     async def pause(self) -> None:
         try:
             await self._call("POST", "/v1/pause", _EnginePauseReply, limit_s=self._pause_timeout)
-        except _Unreached:
+        except EngineNotConnected:
             raise
         except LoadError:
             # A pause we gave up on may still complete (FastDeploy runs control calls one at a
@@ -240,7 +222,9 @@ class FastDeployEngine:
         """After a failed update that may have written part of `job.version`: load the previous
         version back (still paused); the error to report, `weights_lost` unless every rank
         confirmed the previous version."""
-        if isinstance(failure, _Unreached) or (isinstance(failure, _Refused) and failure.changed_nothing):
+        if isinstance(failure, EngineNotConnected) or (
+            isinstance(failure, _Refused) and failure.changed_nothing
+        ):
             return failure
         previous = job.previous
         if previous is None:
@@ -324,26 +308,7 @@ class FastDeployEngine:
     async def smoke(self, check: HealthCheckRequest, reference: OutputReference | None) -> Verdict:
         """A greedy generation through FastDeploy's OpenAI-compatible /v1/completions (same
         server as the control routes; its CompletionRequest defaults `model`)."""
-        assert self._session is not None, "engine not started"
-        body = {"prompt": check.prompt, "max_tokens": check.max_tokens, "temperature": 0}
-        started = time.monotonic()
-        try:
-            async with self._session.post(
-                self.base_url + "/v1/completions",
-                json=body,
-                timeout=aiohttp.ClientTimeout(total=check.timeout_seconds + CALL_GRACE_S),
-            ) as resp:
-                status, text = resp.status, await resp.text()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            return failed(f"FastDeploy /v1/completions failed: {exc!r}")
-        seconds = time.monotonic() - started
-        if status != 200:
-            return failed(f"FastDeploy /v1/completions answered HTTP {status}: {text[:300]}")
-        try:
-            reply = json.loads(text)
-        except ValueError:
-            return failed(f"FastDeploy /v1/completions answered non-JSON: {text[:300]!r}")
-        return check_generation(*completion_choice(reply), seconds)
+        return await timed_generation(completion(self._http, check))
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "url": self.base_url, "api_key": self._api_key is not None}
+        return {"name": self.name, "url": self._http.base_url, "api_key": self._api_key is not None}

@@ -44,9 +44,9 @@ from ckpt_agent.engines.disk_staged import (
     DiskWeights,
     EngineMisconfigured,
     EngineRefused,
-    completion,
     reloadable_boot_path,
 )
+from ckpt_agent.engines.engine_http import completion
 from ckpt_api.agent_api import HealthCheckRequest
 
 MIN_VERSION = (0, 16, 0)  # GPUModelRunner.reload_weights(weights_path=...)
