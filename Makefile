@@ -5,6 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 CRD_FILE := crds/checkpointrollouts.rollout.ckpt.dev.yaml
 MANIFEST_SCHEMA := operator/ckpt_api/manifest.schema.json
+AGENT_SETTINGS_SCHEMA := worker_image/agent-settings.schema.json
 PYPATHS := operator:worker_image:e2e
 
 # Test tiers by cost (markers that ckpt_e2e.tiers gives each test from what it needs; any subset
@@ -80,8 +81,10 @@ lint: install
 	PYTHONPATH=$(PYPATHS) $(BIN)/lint-imports
 
 # The CRD (crds/), the chart's generated files (values.yaml, values.schema.json, the CRD
-# template), the checkpoint manifest's JSON schema and docs/reference/, all from the models.
+# template), the checkpoint manifest's and the agent settings' JSON schemas and docs/reference/,
+# all from the models (the agent settings' first: the chart's agentSettings schema reads it).
 crds: install
+	$(BIN)/python -m ckpt_agent.settings > $(AGENT_SETTINGS_SCHEMA)
 	$(BIN)/ckpt-rollout crd > $(CRD_FILE)
 	$(BIN)/python -m ckpt_rollout.chartgen.chart_files charts/ckpt-rollout
 	$(BIN)/python -m ckpt_api.manifest > $(MANIFEST_SCHEMA)
@@ -97,7 +100,7 @@ generate: crds
 
 # Regenerates every generated file and fails if the committed copies differ.
 verify: generate
-	git diff --exit-code -- crds/ charts/ examples/kubectl/ docs/reference/ $(MANIFEST_SCHEMA)
+	git diff --exit-code -- crds/ charts/ examples/kubectl/ docs/reference/ $(MANIFEST_SCHEMA) $(AGENT_SETTINGS_SCHEMA)
 
 # README's main job: the whole product on a local control plane, ending in `demo: OK ...`.
 demo: install system-deps provision

@@ -8,26 +8,26 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ckpt_agent.common.logformat import FORMATS, setup_logging
-from ckpt_api.constants import DEFAULT_AGENT_METRICS_PORT, DEFAULT_AGENT_PORT
 
 if TYPE_CHECKING:
     from ckpt_agent.formats.manifest import OutputReference
+    from ckpt_agent.settings import AgentSettings
 
 SubParsers = Any  # argparse._SubParsersAction is private; this is what add_parser is called on
 
 DEFAULT_SOURCE_PORT = 8090
 
 
-def _setup_logging(args: argparse.Namespace) -> Callable[[str], None] | None:
+def _setup_logging(level: str, log_format: str) -> Callable[[str], None] | None:
     """Configures logging; returns how to announce the server's URL (None: print it)."""
-    setup_logging(args.log_level, args.log_format)
+    setup_logging(level, log_format)
     # In JSON, every line of the process is an object, the "listening on" one included.
-    return logging.getLogger("ckpt_agent").info if args.log_format == "json" else None
+    return logging.getLogger("ckpt_agent").info if log_format == "json" else None
 
 
 def _add_logging_arguments(p: argparse.ArgumentParser) -> None:
@@ -108,7 +108,7 @@ def _serve(args: argparse.Namespace) -> int:
     from ckpt_agent.server.httpserver import AppServer, serve_until_signalled
     from ckpt_agent.source.serve import create_source_app
 
-    announce = _setup_logging(args)
+    announce = _setup_logging(args.log_level, args.log_format)
     root = Path(args.root)
     if not root.is_dir():
         print(f"ckpt-rollout serve: {root} is not a directory", file=sys.stderr)
@@ -139,89 +139,79 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 # -- agent -----------------------------------------------------------------------------------------
+def agent_settings(args: argparse.Namespace, env: Mapping[str, str]) -> AgentSettings:
+    """The flags given on this command line over `--config FILE` over the model's defaults."""
+    from ckpt_agent.settings import given_flags, load_settings
+
+    path = getattr(args, "config", None)
+    return load_settings(Path(path) if path else None, given_flags(args), env)
+
+
 def config_from_args(args: argparse.Namespace, env: dict[str, str] | None = None) -> Any:
+    environ = dict(os.environ) if env is None else env
+    return config_from_settings(agent_settings(args, environ), args.host, environ)
+
+
+def config_from_settings(settings: AgentSettings, host: str | None, environ: Mapping[str, str]) -> Any:
     from ckpt_agent.config import AgentConfig, AuthConfig, TLSConfig, default_host
     from ckpt_agent.formats.synth import ReferenceModelSpec
+    from ckpt_agent.server.httpserver import ConnectionLimits
 
-    environ = dict(os.environ) if env is None else env
-    usernames = tuple(u.strip() for u in (args.allowed_usernames or "").split(",") if u.strip())
+    s = settings
     return AgentConfig(
-        host=args.host or default_host(environ),
-        port=args.port,
-        metrics_port=args.metrics_port or None,
-        engine=args.engine,
-        source=args.source,
-        initial_version=args.initial_version,
-        initial_verify=args.initial_verify,
-        await_rollout=args.await_rollout,
-        apply_mode=args.apply_mode,
-        chunk_bytes=args.chunk_mb << 20,
-        parallelism=args.parallelism,
-        max_manifest_bytes=args.max_manifest_mb << 20,
-        model=ReferenceModelSpec(
-            hidden=args.model_hidden, layers=args.model_layers, outputs=args.model_outputs
-        ),
-        paddle_weights=Path(args.paddle_weights) if args.paddle_weights else None,
-        relay=args.relay,
-        relay_mooncake=args.relay_mooncake,
-        mooncake_device=args.mooncake_device,
-        fastdeploy_url=args.fastdeploy_url,
-        engine_url=args.engine_url,
-        staging_dir=Path(args.staging_dir) if args.staging_dir else None,
-        sglang_load_format=args.sglang_load_format,
-        sglang_pause_mode=args.sglang_pause_mode,
-        sglang_api_key_file=Path(args.sglang_api_key_file) if args.sglang_api_key_file else None,
-        vllm_api_key_file=Path(args.vllm_api_key_file) if args.vllm_api_key_file else None,
-        sglang_admin_api_key_file=(
-            Path(args.sglang_admin_api_key_file) if args.sglang_admin_api_key_file else None
-        ),
-        fastdeploy_update_timeout=_or_default(args.fastdeploy_update_timeout, "fastdeploy_update_timeout"),
-        fastdeploy_api_key_file=Path(args.fastdeploy_api_key_file) if args.fastdeploy_api_key_file else None,
+        host=host or default_host(environ),
+        port=s.port,
+        metrics_port=s.metrics_port or None,
+        engine=s.engine,
+        source=s.source,
+        initial_version=s.initial_version,
+        initial_verify=s.initial_verify,
+        await_rollout=s.await_rollout,
+        apply_mode=s.apply_mode,
+        chunk_bytes=s.chunk_mb << 20,
+        parallelism=s.parallelism,
+        max_manifest_bytes=s.max_manifest_mb << 20,
+        model=ReferenceModelSpec(hidden=s.model_hidden, layers=s.model_layers, outputs=s.model_outputs),
+        paddle_weights=s.paddle_weights,
+        relay=s.relay,
+        relay_mooncake=s.relay_mooncake,
+        mooncake_device=s.mooncake_device,
+        fastdeploy_url=s.fastdeploy_url,
+        engine_url=s.engine_url,
+        staging_dir=s.staging_dir,
+        sglang_load_format=s.sglang_load_format,
+        sglang_pause_mode=s.sglang_pause_mode,
+        sglang_api_key_file=s.sglang_api_key_file,
+        vllm_api_key_file=s.vllm_api_key_file,
+        sglang_admin_api_key_file=s.sglang_admin_api_key_file,
+        fastdeploy_update_timeout=s.fastdeploy_update_timeout,
+        fastdeploy_api_key_file=s.fastdeploy_api_key_file,
         # FastDeploy reads FD_API_KEY as comma-separated keys and accepts any; one is enough.
         fastdeploy_api_key=environ.get("FD_API_KEY", "").split(",")[0].strip() or None,
-        sync_update_timeout=_or_default(args.sync_update_timeout, "sync_update_timeout"),
-        min_load_rate=_or_default(args.min_load_rate, "min_load_rate"),
-        load_rate_window=_or_default(args.load_rate_window, "load_rate_window"),
-        connections=_connection_limits(args),
+        sync_update_timeout=s.sync_update_timeout,
+        min_load_rate=s.min_load_rate,
+        load_rate_window=s.load_rate_window,
+        connections=ConnectionLimits(idle_timeout_s=s.idle_timeout, max_connections=s.max_connections),
         auth=AuthConfig(
-            token_file=Path(args.auth_token_file) if args.auth_token_file else None,
-            tokenreview_audience=args.tokenreview_audience,
-            allowed_usernames=usernames,
-            relay_usernames=tuple(
-                u.strip() for u in (args.relay_allowed_usernames or "").split(",") if u.strip()
-            ),
-            disabled=args.no_auth,
+            token_file=s.auth_token_file,
+            tokenreview_audience=s.tokenreview_audience,
+            allowed_usernames=tuple(s.allowed_usernames),
+            relay_usernames=tuple(s.relay_allowed_usernames),
+            disabled=s.no_auth,
         ),
         tls=TLSConfig(
-            cert_file=Path(args.tls_cert_file) if args.tls_cert_file else None,
-            key_file=Path(args.tls_key_file) if args.tls_key_file else None,
-            plain_http=args.plain_http,
-            peer_ca_file=Path(args.peer_ca_file) if args.peer_ca_file else None,
+            cert_file=s.tls_cert_file,
+            key_file=s.tls_key_file,
+            plain_http=s.plain_http,
+            peer_ca_file=s.peer_ca_file,
         ),
-        relay_token_file=Path(args.relay_token_file) if args.relay_token_file else None,
-        allowed_sources=tuple(s for s in (args.allowed_sources or "").split(",") if s.strip()),
-        allow_link_local_sources=args.allow_link_local_sources,
-        report=args.report,
+        relay_token_file=s.relay_token_file,
+        allowed_sources=tuple(s.allowed_sources),
+        allow_link_local_sources=s.allow_link_local_sources,
+        report=s.report,
         pod_name=environ.get("POD_NAME") or None,
         pod_namespace=environ.get("POD_NAMESPACE") or None,
     )
-
-
-def _connection_limits(args: argparse.Namespace) -> Any:
-    from ckpt_agent.server.httpserver import ConnectionLimits
-
-    default = ConnectionLimits()
-    return ConnectionLimits(
-        idle_timeout_s=default.idle_timeout_s if args.idle_timeout is None else args.idle_timeout,
-        max_connections=default.max_connections if args.max_connections is None else args.max_connections,
-    )
-
-
-def _or_default(value: float | None, name: str) -> float:
-    """A flag left unset takes AgentConfig's default, which says why it is what it is."""
-    from ckpt_agent.config import AgentConfig
-
-    return float(getattr(AgentConfig, name)) if value is None else value
 
 
 async def _agent_main(config: Any, announce: Callable[[str], None] | None) -> None:
@@ -254,9 +244,16 @@ def _missing_engine_package(engine: str) -> str | None:
 
 def _agent(args: argparse.Namespace) -> int:
     from ckpt_agent.config import ConfigError
+    from ckpt_agent.settings import SettingsError
 
-    announce = _setup_logging(args)
-    config = config_from_args(args)
+    environ = dict(os.environ)
+    try:
+        settings = agent_settings(args, environ)
+    except SettingsError as exc:
+        print(f"ckpt-rollout agent: {exc}", file=sys.stderr)
+        return 2
+    announce = _setup_logging(settings.log_level, settings.log_format)
+    config = config_from_settings(settings, args.host, environ)
     try:
         config.validate()
     except ConfigError as exc:
@@ -279,184 +276,22 @@ def _agent(args: argparse.Namespace) -> int:
 
 
 def _add_agent_parser(sub: SubParsers) -> None:
-    p = sub.add_parser("agent", help="run the worker agent (weight loads, FastDeploy-style control API)")
+    from ckpt_agent.settings import add_setting_arguments
+
+    p = sub.add_parser(
+        "agent",
+        help="run the worker agent (weight loads, FastDeploy-style control API)",
+        description="Each setting comes from its flag if given, else from --config FILE, else its default.",
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML or JSON mapping of settings (keys: the flags' names with underscores, e.g. "
+        "chunk_mb); a flag given on the command line overrides the file",
+    )
+    # Per pod: the bind address (the pod's own IP).
     p.add_argument("--host", default=None, help="bind address (default: $POD_IP, else 127.0.0.1)")
-    p.add_argument("--port", type=int, default=DEFAULT_AGENT_PORT)
-    p.add_argument(
-        "--metrics-port",
-        type=int,
-        default=DEFAULT_AGENT_METRICS_PORT,
-        help="GET /metrics without credentials, for Prometheus (0: none; the control port's "
-        "/metrics keeps asking for the operator's token)",
-    )
-    p.add_argument(
-        "--engine",
-        choices=["paddle", "fastdeploy", "null", "sglang", "vllm"],
-        default="paddle",
-        help="null: loads apply instantly, nothing is pulled (scale tests and benches)",
-    )
-    p.add_argument("--source", help="default checkpoint source: http(s)://host:port[/prefix] or file:///path")
-    p.add_argument("--initial-version", help="version to load at startup (paddle) or that the engine serves")
-    p.add_argument(
-        "--initial-verify",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="verify the initial load",
-    )
-    p.add_argument(
-        "--await-rollout",
-        action="store_true",
-        help="keep WeightsReady False until a CheckpointRollout confirms this pod's version "
-        "(use with the readiness gate: a new pod is not Ready before it serves the stable version)",
-    )
-    p.add_argument("--apply-mode", choices=["staged", "streamed"], default="staged")
-    p.add_argument("--chunk-mb", type=int, default=4, help="read size per transport call")
-    p.add_argument("--parallelism", type=int, default=1, help="concurrent streams for staged loads")
-    p.add_argument("--max-manifest-mb", type=int, default=64)
-    _add_model_shape_arguments(p, "")
-    p.add_argument(
-        "--paddle-weights",
-        metavar="PATH",
-        help="boot the paddle engine with a model shaped like this checkpoint (a published version "
-        "directory, a Hugging Face model directory or one .safetensors file) instead of the reference "
-        "MLP; later versions must match its tensor names, dtypes and shapes; no /v1/infer",
-    )
-    p.add_argument(
-        "--relay",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="keep the verified copy of the live version (staged: its host staging arena) and serve it "
-        "to peers under /v1/relay (peer relay)",
-    )
-    p.add_argument("--relay-mooncake", choices=["tcp", "rdma"], help="also relay over Mooncake")
-    p.add_argument("--mooncake-device", default="", help="RDMA devices for Mooncake (default: discover)")
-    p.add_argument("--fastdeploy-url", default="http://127.0.0.1:8000")
-    p.add_argument("--engine-url", help="sglang/vllm server (default http://127.0.0.1:30000 / :8000)")
-    p.add_argument("--staging-dir", help="where sglang/vllm versions are staged (tmpfs or NVMe path)")
-    p.add_argument(
-        "--sglang-load-format",
-        help="load_format sent to SGLang's update_weights_from_disk (default: the server's own; "
-        "needed, e.g. auto, when SGLang runs --load-format dummy)",
-    )
-    p.add_argument(
-        "--sglang-pause-mode",
-        choices=["abort", "retract", "in_place"],
-        default="abort",
-        help="how SGLang pauses for a load: abort in-flight requests (default: every response from one "
-        "version), retract them (recomputed after the load), or in_place (keeps their KV cache; the "
-        "radix cache is then not flushed)",
-    )
-    p.add_argument("--sglang-api-key-file", help="file holding the SGLang server's --api-key")
-    p.add_argument(
-        "--vllm-api-key-file",
-        help="file holding the vLLM server's --api-key (its /v1 routes, which the smoke check calls)",
-    )
-    p.add_argument(
-        "--sglang-admin-api-key-file",
-        help="file holding the SGLang server's --admin-api-key (sent to its pause/update/continue routes)",
-    )
-    p.add_argument(
-        "--fastdeploy-update-timeout",
-        type=float,
-        help="seconds to wait for FastDeploy's update_weights (default 630: FastDeploy's API server "
-        "gives up after 600 s and answers itself)",
-    )
-    p.add_argument(
-        "--fastdeploy-api-key-file",
-        help="file holding FastDeploy's --api-key, sent as a bearer token (default: $FD_API_KEY)",
-    )
-    p.add_argument(
-        "--sync-update-timeout",
-        type=float,
-        help="seconds a synchronous update_weights (no rollout, no Prefer: respond-async) waits for "
-        "its load (default 600, FastDeploy's own wait); the load goes on after",
-    )
-    p.add_argument(
-        "--min-load-rate",
-        type=float,
-        help="bytes per second a load must average over --load-rate-window, or it fails "
-        "(SourceUnreachable; the previous weights serve, the engine resumes); a peer that slow is "
-        "dropped for the source first. Per-read timeouts never catch a source that trickles "
-        "(default 1048576; 0: off)",
-    )
-    p.add_argument(
-        "--load-rate-window",
-        type=float,
-        help="seconds over which --min-load-rate is judged, and the grace a load gets before it is "
-        "first judged (default 30)",
-    )
-    p.add_argument(
-        "--idle-timeout",
-        type=float,
-        help="seconds a connection may stay open without a complete request head, from its "
-        "opening or its last response (the header-read and keep-alive timeout; default 30)",
-    )
-    p.add_argument(
-        "--max-connections",
-        type=int,
-        help="open connections per port; past this a connection is answered 503 and closed (default 256)",
-    )
-    p.add_argument("--auth-token-file", help="accept the bearer token stored in this file")
-    p.add_argument(
-        "--tokenreview-audience",
-        help="check bearer tokens with TokenReview for this audience (pass "
-        "ckpt-rollout-agent/$(POD_NAMESPACE): peers present it) or, with POD_NAME set, for "
-        "AUDIENCE/POD_NAME (what the operator mints for this agent alone); then authorize "
-        "each caller by SubjectAccessReview in POD_NAMESPACE: `update` agents.rollout.ckpt.dev "
-        "(named POD_NAME) for control calls, `get` for reads, `get` agents/relay for the relay",
-    )
-    p.add_argument(
-        "--allowed-usernames",
-        help="fallback to SubjectAccessReview: only these callers (comma-separated, e.g. "
-        "system:serviceaccount:ns:operator) may call, and may do everything",
-    )
-    p.add_argument("--no-auth", action="store_true", help="no authentication (local development only)")
-    p.add_argument(
-        "--relay-allowed-usernames",
-        help="with --allowed-usernames: comma-separated peers that may read this agent's relay and "
-        "nothing else, e.g. system:serviceaccount:ns:ckpt-rollout-worker",
-    )
-    p.add_argument(
-        "--relay-token-file",
-        help="this agent's own token for reading peers' relays (a projected token for the agents' "
-        "audience; with --auth-token-file, a relay-only secret the agents share, which this agent "
-        "also accepts for its relay and nothing else); without it, and with auth on, peers are "
-        "skipped for the source: the token a request carries is never sent on",
-    )
-    p.add_argument(
-        "--tls-cert-file",
-        help="serve the API port over HTTPS with this certificate (PEM, chain first; re-read when "
-        "it changes: new connections get the rotated one)",
-    )
-    p.add_argument("--tls-key-file", help="the private key of --tls-cert-file (PEM)")
-    p.add_argument(
-        "--plain-http",
-        action="store_true",
-        help="serve the API port over plain HTTP (local development only; without it the agent needs "
-        "--tls-cert-file and --tls-key-file)",
-    )
-    p.add_argument(
-        "--peer-ca-file",
-        help="CA bundle that peers' certificates must chain to (verified for the name "
-        "ckpt-rollout-agent.$POD_NAMESPACE.svc); an https peer failing it is skipped for the source",
-    )
-    p.add_argument(
-        "--allowed-sources",
-        help="comma-separated rules scheme://host[:port][/path] a source must match (host: a name, "
-        "*.domain, * or a CIDR; file:///path for a directory tree); default: any source",
-    )
-    p.add_argument(
-        "--allow-link-local-sources",
-        action="store_true",
-        help="let sources resolve to link-local addresses (169.254.0.0/16, fe80::/10: cloud metadata)",
-    )
-    p.add_argument(
-        "--report",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="write status.workers.<pod> and the WeightsReady condition (default: when in a cluster)",
-    )
-    _add_logging_arguments(p)
+    add_setting_arguments(p)
     p.set_defaults(func=_agent)
 
 
