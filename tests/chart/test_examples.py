@@ -35,6 +35,13 @@ def _worker_container() -> Obj:
     return container
 
 
+def _worker_settings() -> Any:
+    """The settings the example's agent runs with: its flags over the model's defaults."""
+    from ckpt_agent.cli import agent_settings, build_parser
+
+    return agent_settings(build_parser().parse_args(["agent", *_worker_container()["args"]]), {})
+
+
 def _flags(args: list[str]) -> dict[str, str]:
     """--name=value -> {name: value}; a switch (--name) -> {name: ""}."""
     return {k: v for k, _, v in (a.removeprefix("--").partition("=") for a in args if a.startswith("--"))}
@@ -125,13 +132,11 @@ def test_gitops_values_pass_the_schema(helm: Helm, values: Any) -> None:
 
 
 def test_worker_example_args_parse_with_the_agent_cli() -> None:
-    from ckpt_agent.cli import build_parser
-
-    args = build_parser().parse_args(["agent", *_worker_container()["args"]])
-    assert args.port == DEFAULT_AGENT_PORT
-    assert args.engine == "paddle"
-    assert args.tokenreview_audience == agent_audience("$(POD_NAMESPACE)")
-    assert args.allowed_usernames is None
+    settings = _worker_settings()
+    assert settings.port == DEFAULT_AGENT_PORT
+    assert settings.engine == "paddle"
+    assert settings.tokenreview_audience == agent_audience("$(POD_NAMESPACE)")
+    assert settings.allowed_usernames == []
 
 
 def test_worker_example_runs_as_the_worker_images_user() -> None:
@@ -160,13 +165,11 @@ def test_the_worker_podmonitor_scrapes_the_agents_metrics_port() -> None:
 def test_worker_example_waits_for_a_rollout_before_it_is_ready() -> None:
     """A new pod is not Ready before a rollout confirms its version: the readiness gate, and the
     agent holding WeightsReady False until then (not serving its engine's boot weights)."""
-    from ckpt_agent.cli import build_parser
-
     pod = _one(EXAMPLES / "worker-deployment.yaml", "Deployment")["spec"]["template"]["spec"]
     assert pod["readinessGates"] == [{"conditionType": WEIGHTS_READY_CONDITION}]
-    args = build_parser().parse_args(["agent", *_worker_container()["args"]])
-    assert args.await_rollout is True
-    assert args.initial_version is None
+    settings = _worker_settings()
+    assert settings.await_rollout is True
+    assert settings.initial_version is None
 
 
 def _cpu(quantity: str) -> float:

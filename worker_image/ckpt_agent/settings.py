@@ -253,14 +253,48 @@ def _shown_default(info: FieldInfo) -> str:
     return json.dumps(default) if default == "" else str(default)
 
 
+_GIVEN = "given_settings"  # the namespace attribute naming the settings given as flags
+
+
+def _record(namespace: argparse.Namespace, dest: str) -> None:
+    given = getattr(namespace, _GIVEN, None) or set()
+    setattr(namespace, _GIVEN, given | {dest})
+
+
+class _Store(argparse.Action):
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option: Any = None) -> None:
+        setattr(namespace, self.dest, values)
+        _record(namespace, self.dest)
+
+
+class _Switch(argparse.Action):
+    """--name: true."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option: Any = None) -> None:
+        setattr(namespace, self.dest, True)
+        _record(namespace, self.dest)
+
+
+class _OnOff(argparse.BooleanOptionalAction):
+    """--name / --no-name."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option: Any = None) -> None:
+        super().__call__(parser, namespace, values, option)
+        _record(namespace, self.dest)
+
+
 def _argument(key: str, info: FieldInfo) -> dict[str, Any]:
-    """argparse keywords for one setting: a flag left off adds nothing to the namespace
-    (SUPPRESS), so the file and the model's default stay visible underneath it."""
+    """argparse keywords for one setting. The namespace holds the model's default, as any
+    argparse default; the flags actually given are recorded apart, so the file can sit between."""
     kind = _without_none(info.annotation)
     help_text = f"{info.description} (default: {_shown_default(info)})".replace("%", "%%")
-    kwargs: dict[str, Any] = {"default": argparse.SUPPRESS, "help": help_text, "dest": key}
+    default = info.get_default(call_default_factory=True)
+    kwargs: dict[str, Any] = {"default": default, "help": help_text, "dest": key, "action": _Store}
     if kind is bool:
-        kwargs["action"] = "store_true" if info.default is False else argparse.BooleanOptionalAction
+        kwargs["action"] = _Switch if default is False else _OnOff
     elif get_origin(kind) is Literal:
         kwargs["choices"] = list(get_args(kind))
     elif get_origin(kind) is list:
@@ -277,8 +311,9 @@ def add_setting_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def given_flags(args: argparse.Namespace) -> dict[str, Any]:
-    """The settings given as flags on this command line."""
-    return {key: getattr(args, key) for key in AgentSettings.model_fields if hasattr(args, key)}
+    """The settings given as flags on this command line (not the defaults the namespace holds)."""
+    given = getattr(args, _GIVEN, None) or set()
+    return {key: getattr(args, key) for key in AgentSettings.model_fields if key in given}
 
 
 def read_settings_file(path: Path) -> dict[str, Any]:

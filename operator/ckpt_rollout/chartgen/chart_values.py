@@ -8,6 +8,7 @@ install`` instead of being ignored). `chart_files` renders them, and the CRD tem
 also writes the static manifest of the `kubectl apply` install path.
 """
 
+import json
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -53,6 +54,26 @@ Namespaces = Annotated[
 
 def _field(description: str, **kwargs: Any) -> Any:
     return Field(description=description, **kwargs)
+
+
+# The agent's settings schema, as `make crds` writes it from ckpt_agent.settings first: the
+# operator may not import the agent (import-linter), so the chart reads the committed file, the
+# contract both sides are checked against (tests/agent/test_agent_settings.py, make verify).
+AGENT_SETTINGS_SCHEMA = Path(__file__).resolve().parents[3] / "worker_image" / "agent-settings.schema.json"
+
+
+def _agent_settings_schema(schema: Json) -> None:
+    """agentSettings is checked against the agent's own schema, so a key the agent would refuse
+    at startup fails `helm install` instead."""
+    try:
+        agent = json.loads(AGENT_SETTINGS_SCHEMA.read_text())
+    except OSError as exc:
+        raise RuntimeError(
+            f"chart values need {AGENT_SETTINGS_SCHEMA} (make crds writes it): {exc}"
+        ) from None
+    for setting in agent["properties"].values():
+        setting.pop("format", None)  # pydantic's "path" is no JSON-schema format; helm need not know it
+    schema.update({k: v for k, v in agent.items() if k not in ("title", "description", "$defs")})
 
 
 class PullPolicy(StrEnum):
@@ -585,3 +606,13 @@ class ChartValues(ApiModel):
     ] = []
     affinity: Annotated[K8sObject, _field("Affinity of the operator pod (core/v1 Affinity).")] = {}
     worker_rbac: Annotated[WorkerRbac, _field("Opt-in RBAC for the worker pods' agents.")] = WorkerRbac()
+    agent_settings: Annotated[
+        dict[str, Any],
+        _field(
+            "The worker agents' fleet-wide settings (`ckpt-rollout agent --config`; keys and meanings: "
+            "worker_image/agent-settings.schema.json), rendered as key agent.yaml of ConfigMap "
+            "ckpt-rollout-agent in each workerRbac namespace (with workerRbac.enabled). A flag on the "
+            "agent's command line overrides the file.",
+            json_schema_extra=_agent_settings_schema,
+        ),
+    ] = {}
