@@ -90,7 +90,7 @@ def publish_version(
     reference = published_reference(spec, seed, poison=poison)
     if reference is not None:
         path = work / f"reference-{version}.json"
-        path.write_text(json.dumps(reference.to_json()))
+        path.write_text(reference.model_dump_json())
         command += ["--reference", str(path)]
     out = subprocess.run(
         command,

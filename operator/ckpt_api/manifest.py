@@ -37,14 +37,15 @@ import itertools
 import json
 import math
 import re
-from typing import Annotated, Any, Literal, NoReturn, get_args
+from functools import cached_property
+from typing import Annotated, Any, Final, Literal, NoReturn, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
 FORMAT_VERSION = 2
-CHECKSUM_ALGORITHM = "xxh3-128"
+CHECKSUM_ALGORITHM: Final = "xxh3-128"
 MANIFEST_NAME = "manifest.json"
 SCHEMA_ID = "https://rollout.ckpt.dev/schemas/manifest.schema.json"
 
@@ -157,12 +158,16 @@ class _Record(BaseModel):
 class TensorRecord(_Record):
     name: str = Field(min_length=1, max_length=MAX_TENSOR_NAME)
     dtype: Dtype
-    shape: list[Count] = Field(max_length=MAX_RANK)
+    shape: tuple[Count, ...] = Field(max_length=MAX_RANK)
     file: str = Field(min_length=1, description="the shard holding it, a key of `files`")
     offset: Count = Field(description="first byte, from the start of the file")
     nbytes: Count = Field(description="numel * bits / 8 of its dtype; F4/F6 shapes must fill whole bytes")
     xxh3_128: Xxh3
     sha256: Sha256
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.nbytes
 
 
 class ShardRecord(_Record):
@@ -211,16 +216,18 @@ class ManifestDocument(_Record):
     )
     version: str = Field(min_length=1)
     checksum: Literal["xxh3-128"]
-    # Informational (publishers write it); readers that predate it never required it.
-    total_bytes: Count | SkipJsonSchema[None] = Field(
-        default=None, description="sum of every tensor's nbytes"
-    )
     files: dict[FileName, ShardRecord] = Field(description="the safetensors shards, by name")
     extra_files: dict[FileName, ExtraFileRecord] = Field(
         default_factory=dict,
         description="every other file of the version (config, tokenizer, index…); since format 2",
     )
-    tensors: list[TensorRecord]
+    tensors: tuple[TensorRecord, ...]
+    # Informational (publishers write it); readers that predate it never required it. Absent, it is
+    # the tensors' sum, so a manifest built in code equals the one parsed from its encoding.
+    total_bytes: Count | SkipJsonSchema[None] = Field(
+        default_factory=lambda fields: sum(t.nbytes for t in fields.get("tensors", ())),
+        description="sum of every tensor's nbytes",
+    )
     # Optional, so readers that predate it load the version unchanged (it adds a check only).
     reference: ReferenceRecord | None = Field(
         default=None,
@@ -258,6 +265,47 @@ class ManifestDocument(_Record):
             if fname in files:
                 _fail(f"extra file {fname!r} is also listed in files")
         return self
+
+    @property
+    def tensor_bytes(self) -> int:
+        """Bytes of every tensor: what `total_bytes` says, computed rather than trusted."""
+        return sum(t.nbytes for t in self.tensors)
+
+    @property
+    def largest_tensor_bytes(self) -> int:
+        return max((t.nbytes for t in self.tensors), default=0)
+
+    @property
+    def sha256_complete(self) -> bool:
+        """Every tensor and extra file has a sha256, so bytes from a source that chooses what it
+        sends (a peer) can be checked against it."""
+        return all(t.sha256 is not None for t in self.tensors) and all(
+            e.sha256 is not None for e in self.extra_files.values()
+        )
+
+    # Cached: a reader looks it up per request. model_copy keeps the cached value, so a changed
+    # copy is for writing bytes only (as tests do to forge a bad manifest).
+    @cached_property
+    def by_file(self) -> dict[str, list[TensorRecord]]:
+        """Tensors of each shard in offset order (the order they are read in), shards by name."""
+        groups: dict[str, list[TensorRecord]] = {}
+        for t in self.tensors:
+            groups.setdefault(t.file, []).append(t)
+        for entries in groups.values():
+            entries.sort(key=lambda t: t.offset)
+        return dict(sorted(groups.items()))
+
+
+def encode_manifest(manifest: ManifestDocument) -> bytes:
+    """The bytes a publisher writes: deterministic, so publishing the same tensors twice gives
+    the same digest. Unset digests and reference are left out rather than null (the bytes of a
+    manifest without them stay what they were), `total_bytes` is the tensors' sum, and a format 1
+    manifest has no `extra_files`."""
+    doc = manifest.model_dump(mode="json", exclude_none=True)
+    doc["total_bytes"] = manifest.tensor_bytes
+    if manifest.format_version < 2:
+        del doc["extra_files"]
+    return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
 
 
 def _fail(message: str) -> NoReturn:

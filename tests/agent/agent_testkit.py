@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -20,13 +20,7 @@ import aiohttp
 import xxhash
 
 from ckpt_agent.config import AuthConfig
-from ckpt_agent.formats.manifest import (
-    MANIFEST_NAME,
-    ExtraFile,
-    encode_manifest,
-    manifest_digest,
-    parse_manifest,
-)
+from ckpt_agent.formats.manifest import manifest_digest, parse_manifest
 from ckpt_agent.formats.synth import (
     ReferenceModelSpec,
     expected_infer_output,
@@ -35,6 +29,7 @@ from ckpt_agent.formats.synth import (
 )
 from ckpt_agent.source.publish import publish
 from ckpt_api.agent_api import PREFER_HEADER, RESPOND_ASYNC
+from ckpt_api.manifest import MANIFEST_NAME, ExtraFileRecord, encode_manifest
 
 SPEC = ReferenceModelSpec(hidden=32, layers=3, outputs=8)
 # What makes an update_weights asynchronous without a `rollout` (202, then poll /v1/status).
@@ -170,10 +165,12 @@ def set_extra_files(version_dir: Path, files: dict[str, bytes | None]) -> str:
             extra.pop(name, None)
         else:
             (version_dir / name).write_bytes(content)
-            extra[name] = ExtraFile(
-                name, len(content), xxhash.xxh3_128(content).hexdigest(), hashlib.sha256(content).hexdigest()
+            extra[name] = ExtraFileRecord(
+                size=len(content),
+                xxh3_128=xxhash.xxh3_128(content).hexdigest(),
+                sha256=hashlib.sha256(content).hexdigest(),
             )
-    raw = encode_manifest(replace(manifest, extra_files=extra, format_version=2))
+    raw = encode_manifest(manifest.model_copy(update={"extra_files": extra, "format_version": 2}))
     (version_dir / MANIFEST_NAME).write_bytes(raw)
     return manifest_digest(raw)
 

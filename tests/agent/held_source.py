@@ -11,9 +11,10 @@ from pathlib import Path
 
 from aiohttp import web
 
-from ckpt_agent.formats.manifest import MANIFEST_NAME, TensorEntry, parse_manifest
+from ckpt_agent.formats.manifest import parse_manifest
 from ckpt_agent.server.httpserver import AppServer
 from ckpt_agent.source.serve import create_source_app
+from ckpt_api.manifest import MANIFEST_NAME, TensorRecord
 
 _PIECE = 1 << 16
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -46,12 +47,12 @@ class HeldSource:
         await self.break_streams()
         await self._server.stop()
 
-    def entries(self, version: str) -> list[TensorEntry]:
+    def entries(self, version: str) -> list[TensorRecord]:
         """The version's tensors in the order a load reads them (by shard, then offset)."""
         manifest = parse_manifest((self.root / version / MANIFEST_NAME).read_bytes())
         return sorted(manifest.tensors, key=lambda e: (e.file, e.offset))
 
-    async def allow(self, version: str, entry: TensorEntry) -> None:
+    async def allow(self, version: str, entry: TensorRecord) -> None:
         """Let `entry`'s shard go out up to the end of `entry` (and so every tensor before it)."""
         key = (version, entry.file)
         async with self._changed:

@@ -27,8 +27,8 @@ from ckpt_agent.config import AgentConfig, AuthConfig, ConfigError, TLSConfig
 from ckpt_agent.engines.boot_checkpoint import BootCheckpointError
 from ckpt_agent.engines.paddle_tensors import read_bytes, supported_dtypes, tensor_from_bytes
 from ckpt_agent.formats.dtypes import nbytes_of
-from ckpt_agent.formats.manifest import TensorEntry
 from ckpt_agent.formats.safetensors_format import write_file
+from ckpt_api.manifest import TensorRecord
 from ckpt_e2e.hf_checkpoint import HFCheckpoint, Tensor, llama_like, write_safetensors
 
 INDEX = "model.safetensors.index.json"
@@ -60,13 +60,8 @@ def publish_hf(tree: Tree, version: str, ckpt: HFCheckpoint) -> Path:
     return path
 
 
-def entries(tree: Tree, version: str) -> list[TensorEntry]:
-    return [
-        TensorEntry(
-            t["name"], t["dtype"], tuple(t["shape"]), t["file"], t["offset"], t["nbytes"], t["xxh3_128"]
-        )
-        for t in tree.manifest(version)["tensors"]
-    ]
+def entries(tree: Tree, version: str) -> list[TensorRecord]:
+    return [TensorRecord.model_validate(t, strict=False) for t in tree.manifest(version)["tensors"]]
 
 
 def live_bytes(client: AgentClient, tree: Tree, version: str) -> dict[str, bytes]:

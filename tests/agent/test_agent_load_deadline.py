@@ -20,9 +20,9 @@ from agent_testkit import AgentClient, AgentFactory, Tree, close_to, wait_until
 from aiohttp import web
 from held_source import HeldSource
 
-from ckpt_agent.formats.manifest import MANIFEST_NAME
 from ckpt_agent.server.httpserver import AppServer
 from ckpt_agent.service.reporting import DisabledReporter
+from ckpt_api.manifest import MANIFEST_NAME
 from ckpt_api.status import WorkerStatus
 from ckpt_api.vocabulary import WorkerPhase, WorkerReason
 from ckpt_rollout.io.agent_client import AgentClient as OperatorAgentClient

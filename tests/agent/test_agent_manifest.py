@@ -10,14 +10,16 @@ import pytest
 from agent_testkit import Tree
 
 from ckpt_agent.common.errors import LoadError, Reason
-from ckpt_agent.formats.manifest import (
-    Manifest,
-    TensorEntry,
-    encode_manifest,
-    manifest_digest,
-    parse_manifest,
-)
+from ckpt_agent.formats.manifest import manifest_digest, parse_manifest
 from ckpt_agent.pipeline.reader import plan_runs
+from ckpt_api.manifest import (
+    CHECKSUM_ALGORITHM,
+    FORMAT_VERSION,
+    ManifestDocument,
+    ShardRecord,
+    TensorRecord,
+    encode_manifest,
+)
 
 
 def _doc() -> dict[str, Any]:
@@ -108,14 +110,18 @@ def test_encoding_round_trips_and_digest_is_sha256_of_the_bytes(tree: Tree) -> N
     assert len(manifest_digest(raw)) == 71
 
 
-def _entry(name: str, offset: int, nbytes: int, file: str = "a") -> TensorEntry:
-    return TensorEntry(name, "U8", (nbytes,), file, offset, nbytes, "0" * 32)
+def _entry(name: str, offset: int, nbytes: int, file: str = "a") -> TensorRecord:
+    return TensorRecord(
+        name=name, dtype="U8", shape=(nbytes,), file=file, offset=offset, nbytes=nbytes, xxh3_128="0" * 32
+    )
 
 
 def test_plan_runs_groups_contiguous_tensors_and_splits_on_gaps_and_size() -> None:
-    manifest = Manifest(
+    manifest = ManifestDocument(
+        format_version=FORMAT_VERSION,
         version="v",
-        files={"a": 10 << 20, "b": 100},
+        checksum=CHECKSUM_ALGORITHM,
+        files={"a": ShardRecord(size=10 << 20), "b": ShardRecord(size=100)},
         tensors=(
             _entry("a0", 0, 10),
             _entry("a1", 10, 10),

@@ -30,7 +30,7 @@ from aiohttp import web
 from held_source import HeldSource
 
 from ckpt_agent.common.errors import LoadError, Reason
-from ckpt_agent.formats.manifest import DEFAULT_MAX_MANIFEST_BYTES, MANIFEST_NAME, TensorEntry
+from ckpt_agent.formats.manifest import DEFAULT_MAX_MANIFEST_BYTES
 from ckpt_agent.pipeline.pause_gate import LOAD
 from ckpt_agent.server.httpserver import AppServer
 from ckpt_agent.source.serve import create_source_app
@@ -38,6 +38,7 @@ from ckpt_agent.transport.mooncake import runtime
 from ckpt_agent.transport.mooncake.client import MooncakeTransport
 from ckpt_agent.transport.mooncake.descriptor import Descriptor, parse_descriptor
 from ckpt_agent.transport.mooncake.export import directory_exports
+from ckpt_api.manifest import MANIFEST_NAME, TensorRecord
 
 GARBAGE = 0x41
 
@@ -79,14 +80,14 @@ async def _descriptor(agent: AgentClient, version: str) -> Descriptor:
         return parse_descriptor(await resp.read())
 
 
-async def _relayed(agent: AgentClient, version: str, entry: TensorEntry) -> bytes:
+async def _relayed(agent: AgentClient, version: str, entry: TensorRecord) -> bytes:
     headers = {"Authorization": f"Bearer {STATIC_TOKEN}", "Range": f"bytes={entry.offset}-{entry.end - 1}"}
     async with agent.session.get(f"{agent.url}/v1/relay/{version}/{entry.file}", headers=headers) as resp:
         assert resp.status == 206
         return await resp.read()
 
 
-def _published(tree: Tree, version: str, entry: TensorEntry) -> bytes:
+def _published(tree: Tree, version: str, entry: TensorRecord) -> bytes:
     return (tree.root / version / entry.file).read_bytes()[entry.offset : entry.end]
 
 
@@ -218,7 +219,7 @@ async def _source_descriptor(url: str, version: str) -> Descriptor:
         return parse_descriptor(await resp.read())
 
 
-def _address_of(descriptor: Descriptor, entry: TensorEntry) -> int:
+def _address_of(descriptor: Descriptor, entry: TensorRecord) -> int:
     extent = next(
         e for e in descriptor.files[entry.file].extents if e.file_offset <= entry.offset < e.file_end
     )

@@ -27,8 +27,8 @@ from agent_testkit import (
 )
 from held_source import HeldSource
 
-from ckpt_agent.formats.manifest import TensorEntry
 from ckpt_agent.server import relay_routes as relay_http
+from ckpt_api.manifest import TensorRecord
 
 PULLED = "ckpt_agent_pulled_bytes_total"
 
@@ -47,13 +47,13 @@ def _peer_uri(agent: AgentClient, transport: str) -> str:
     return agent.url if transport == "http" else "mooncake://127.0.0.1:" + agent.url.rsplit(":", 1)[1]
 
 
-def _relays(agent: AgentClient, version: str, entry: TensorEntry) -> bool:
+def _relays(agent: AgentClient, version: str, entry: TensorRecord) -> bool:
     """Whether `agent` serves `entry` of `version` onward (its load verified it)."""
     copy = agent.agent.service.relay
     return copy is not None and copy.version == version and copy.is_ready(entry)
 
 
-async def _relaying(agent: AgentClient, version: str, entry: TensorEntry) -> bool:
+async def _relaying(agent: AgentClient, version: str, entry: TensorRecord) -> bool:
     return _relays(agent, version, entry)
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,7 @@ import pytest
 from agent_testkit import Tree, corrupt_tensor, truncate_shard
 
 from ckpt_agent.common.errors import LoadError, Reason
-from ckpt_agent.formats.manifest import ExtraFile, Manifest, TensorEntry, parse_manifest
+from ckpt_agent.formats.manifest import parse_manifest
 from ckpt_agent.formats.safetensors_format import write_file
 from ckpt_agent.pipeline.reader import (
     MAX_EXTRA_FILE_BYTES,
@@ -26,6 +25,7 @@ from ckpt_agent.pipeline.reader import (
     read_runs,
 )
 from ckpt_agent.transport import open_transport
+from ckpt_api.manifest import ExtraFileRecord, ManifestDocument, TensorRecord
 
 Source = Callable[[Path], Awaitable[str]]
 # Sizes around the read-ahead's bounds: under 2 MiB inline, one chunk split in two, several chunks.
@@ -52,16 +52,16 @@ async def uri_of(request: pytest.FixtureRequest, source_server: Source) -> Sourc
     return make
 
 
-def _manifest(tree: Tree) -> Manifest:
+def _manifest(tree: Tree) -> ManifestDocument:
     return parse_manifest((tree.root / "big" / "manifest.json").read_bytes())
 
 
-def _expected(tree: Tree, entry: TensorEntry) -> bytes:
+def _expected(tree: Tree, entry: TensorRecord) -> bytes:
     return (tree.root / "big" / entry.file).read_bytes()[entry.offset : entry.end]
 
 
 def _read(
-    uri: str, manifest: Manifest, *, chunk: int, cancelled: Callable[[], bool] = lambda: False
+    uri: str, manifest: ManifestDocument, *, chunk: int, cancelled: Callable[[], bool] = lambda: False
 ) -> tuple[dict[str, bytes], LoadProgress]:
     transport = open_transport(uri)
     buffers = {e.name: np.zeros(e.nbytes, np.uint8) for e in manifest.tensors}
@@ -89,7 +89,7 @@ async def test_verified_reads_land_every_byte(big: Tree, uri_of: Source, chunk: 
     manifest = _manifest(big)
     landed, progress = await asyncio.to_thread(_read, await uri_of(big.root), manifest, chunk=chunk)
     assert landed == {e.name: _expected(big, e) for e in manifest.tensors}
-    assert progress.bytes_done == manifest.total_bytes
+    assert progress.bytes_done == manifest.tensor_bytes
 
 
 @pytest.mark.parametrize("tensor", ["one-chunk", "chunks"])
@@ -124,11 +124,11 @@ async def test_a_cancel_stops_the_read_and_leaves_no_reader_behind(big: Tree) ->
 
 def test_an_oversized_extra_file_is_refused_before_anything_is_allocated(big: Tree) -> None:
     manifest = _manifest(big)
-    huge = ExtraFile("tokenizer.json", MAX_EXTRA_FILE_BYTES + 1, "0" * 32)
+    huge = ExtraFileRecord(size=MAX_EXTRA_FILE_BYTES + 1, xxh3_128="0" * 32)
     with pytest.raises(LoadError) as err:
         read_extra_files(
             open_transport(big.file_uri),
-            replace(manifest, extra_files={huge.name: huge}),
+            manifest.model_copy(update={"extra_files": {"tokenizer.json": huge}}),
             cancelled=lambda: False,
         )
     assert err.value.reason == Reason.INVALID_MANIFEST

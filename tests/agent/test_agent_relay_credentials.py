@@ -13,11 +13,11 @@ from aiohttp import web
 
 from ckpt_agent.agent import relay_credential
 from ckpt_agent.config import AgentConfig, AuthConfig, ConfigError, TLSConfig
-from ckpt_agent.formats.manifest import MANIFEST_NAME
 from ckpt_agent.pipeline.relay_peer import RELAY_PATH
 from ckpt_agent.server.auth import AuthDecision, scoped
 from ckpt_agent.server.httpserver import AppServer
 from ckpt_agent.service.service import NoRelayToken
+from ckpt_api.manifest import MANIFEST_NAME
 
 
 @pytest.fixture

@@ -13,9 +13,10 @@ import pytest
 from agent_testkit import Tree, truncate_shard
 
 from ckpt_agent.common.errors import LoadError, Reason
-from ckpt_agent.formats.manifest import TensorEntry, parse_manifest
+from ckpt_agent.formats.manifest import parse_manifest
 from ckpt_agent.pipeline.reader import LoadProgress, fetch_manifest, plan_runs, read_runs
 from ckpt_agent.transport import Transport, check_uri, open_transport
+from ckpt_api.manifest import TensorRecord
 
 Source = Callable[[Path], Awaitable[str]]
 
@@ -48,7 +49,7 @@ async def test_manifest_and_ranges_match_the_files(
     for entry in manifest.tensors:
         buf = np.zeros(entry.nbytes, np.uint8)
 
-        def read(entry: TensorEntry = entry, buf: np.ndarray = buf) -> None:
+        def read(entry: TensorRecord = entry, buf: np.ndarray = buf) -> None:
             # Blocking transport calls run in threads: the in-process server needs the loop.
             stream = transport.open_range("v2", entry.file, entry.offset, entry.end)
             try:
@@ -82,7 +83,7 @@ async def test_parallel_verified_reads_fill_every_tensor(
         chunk_bytes=1000,
         parallelism=3,
     )
-    assert progress.bytes_done == manifest.total_bytes
+    assert progress.bytes_done == manifest.tensor_bytes
     for entry in manifest.tensors:
         assert (
             buffers[entry.name].tobytes()

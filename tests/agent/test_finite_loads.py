@@ -16,9 +16,9 @@ from fastdeploy_standin import FastDeployStandIn
 from sglang_standin import SGLangStandIn
 
 from ckpt_agent.formats.dtypes import ITEM_SIZES
-from ckpt_agent.formats.manifest import TensorEntry
 from ckpt_agent.formats.synth import write_reference_checkpoint
 from ckpt_agent.pipeline.pause_gate import LOAD
+from ckpt_api.manifest import TensorRecord
 from ckpt_e2e.hf_checkpoint import HFCheckpoint, Tensor, llama_like, write_safetensors
 
 FINITE = {"checks": {"finite": True}}
@@ -149,11 +149,9 @@ async def test_bf16_and_fp8_checked_on_their_bits_in_paddle(
     assert held == {name: t.data for name, t in boot.tensors.items()}
 
 
-def _entry(tree: Tree, name: str) -> TensorEntry:
+def _entry(tree: Tree, name: str) -> TensorRecord:
     t = next(t for t in tree.manifest("bad")["tensors"] if t["name"] == name)
-    return TensorEntry(
-        t["name"], t["dtype"], tuple(t["shape"]), t["file"], t["offset"], t["nbytes"], t["xxh3_128"]
-    )
+    return TensorRecord.model_validate(t, strict=False)
 
 
 async def test_a_disk_engine_is_never_asked_to_load_a_nan_version(

@@ -15,15 +15,18 @@ from safetensors import safe_open
 
 from ckpt_agent.common.errors import LoadError, Reason
 from ckpt_agent.formats.dtypes import BITS, ITEM_SIZES, PACKED, from_numpy, nbytes_of, numpy_dtype
-from ckpt_agent.formats.manifest import (
-    ExtraFile,
-    Manifest,
-    TensorEntry,
+from ckpt_agent.formats.manifest import is_valid_digest, parse_manifest
+from ckpt_api.manifest import (
+    CHECKSUM_ALGORITHM,
+    DTYPE_BITS,
+    FORMAT_VERSION,
+    ExtraFileRecord,
+    ManifestDocument,
+    ShardRecord,
+    TensorRecord,
     encode_manifest,
-    is_valid_digest,
-    parse_manifest,
+    render_schema,
 )
-from ckpt_api.manifest import DTYPE_BITS, FORMAT_VERSION, render_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_FILE = ROOT / "operator" / "ckpt_api" / "manifest.schema.json"
@@ -44,7 +47,7 @@ def _doc() -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _parse(doc: dict[str, Any]) -> Manifest:
+def _parse(doc: dict[str, Any]) -> ManifestDocument:
     return parse_manifest(json.dumps(doc).encode(), expected_version="v9")
 
 
@@ -74,8 +77,8 @@ def test_schema_accepts_what_readers_accept_and_refuses_unsafe_names() -> None:
 
 def test_extra_files_parse_into_the_agent_records() -> None:
     manifest = _parse(_doc())
-    assert manifest.extra_files == {"config.json": ExtraFile("config.json", 10, "a" * 32)}
-    assert manifest.files == {"a.safetensors": 64}
+    assert manifest.extra_files == {"config.json": ExtraFileRecord(size=10, xxh3_128="a" * 32)}
+    assert manifest.files == {"a.safetensors": ShardRecord(size=64)}
     assert manifest.format_version == 2
 
 
@@ -147,11 +150,23 @@ def test_packed_dtypes_need_whole_bytes() -> None:
 
 
 def test_encoding_round_trips_every_field() -> None:
-    manifest = Manifest(
+    tensor = TensorRecord(
+        name="w",
+        dtype="F8_E8M0",
+        shape=(4,),
+        file="a.safetensors",
+        offset=8,
+        nbytes=4,
+        xxh3_128="1" * 32,
+        sha256="3" * 64,
+    )
+    manifest = ManifestDocument(
+        format_version=FORMAT_VERSION,
         version="v9",
-        files={"a.safetensors": 64},
-        tensors=(TensorEntry("w", "F8_E8M0", (4,), "a.safetensors", 8, 4, "1" * 32, "3" * 64),),
-        extra_files={"config.json": ExtraFile("config.json", 3, "2" * 32, "4" * 64)},
+        checksum=CHECKSUM_ALGORITHM,
+        files={"a.safetensors": ShardRecord(size=64)},
+        tensors=(tensor,),
+        extra_files={"config.json": ExtraFileRecord(size=3, xxh3_128="2" * 32, sha256="4" * 64)},
     )
     raw = encode_manifest(manifest)
     assert parse_manifest(raw) == manifest

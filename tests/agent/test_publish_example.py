@@ -11,8 +11,9 @@ import pytest
 from agent_testkit import AgentFactory, close_to
 
 from ckpt_agent.cli import build_parser
-from ckpt_agent.formats.manifest import MANIFEST_NAME, parse_manifest
+from ckpt_agent.formats.manifest import parse_manifest
 from ckpt_agent.formats.synth import ReferenceModelSpec, expected_infer_output
+from ckpt_api.manifest import MANIFEST_NAME
 
 CHECK = {"prompt": "x", "max_tokens": 1, "timeout_seconds": 5}
 

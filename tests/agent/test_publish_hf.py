@@ -26,10 +26,10 @@ import xxhash
 
 from ckpt_agent.cli import add_commands
 from ckpt_agent.formats.dtypes import BITS, FRAMEWORK_NAMES
-from ckpt_agent.formats.manifest import Manifest, parse_manifest
+from ckpt_agent.formats.manifest import parse_manifest
 from ckpt_agent.formats.safetensors_format import encode_header, read_header
 from ckpt_agent.source.publish import PublishError, publish_version
-from ckpt_api.manifest import render_schema
+from ckpt_api.manifest import ManifestDocument, render_schema
 from ckpt_e2e.hf_checkpoint import HFCheckpoint, Tensor, llama_like, write_safetensors
 
 INDEX = "model.safetensors.index.json"
@@ -41,13 +41,15 @@ def _cli(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _manifest(version_dir: Path) -> Manifest:
+def _manifest(version_dir: Path) -> ManifestDocument:
     raw = (version_dir / "manifest.json").read_bytes()
     jsonschema_rs.validator_for(json.loads(render_schema())).validate(json.loads(raw))
     return parse_manifest(raw, expected_version=version_dir.name)
 
 
-def _assert_published(version_dir: Path, tensors: dict[str, Tensor], extra: dict[str, bytes]) -> Manifest:
+def _assert_published(
+    version_dir: Path, tensors: dict[str, Tensor], extra: dict[str, bytes]
+) -> ManifestDocument:
     """Every tensor's bytes in the published shards are the source's, every extra file is listed
     with its size and checksum and is byte-identical."""
     manifest = _manifest(version_dir)

@@ -12,7 +12,7 @@ import pytest
 
 from ckpt_agent.cli import build_parser
 from ckpt_agent.common.errors import LoadError
-from ckpt_agent.formats.manifest import MANIFEST_NAME, OutputReference, parse_manifest
+from ckpt_agent.formats.manifest import parse_manifest
 from ckpt_agent.formats.synth import (
     REFERENCE_ATOL,
     ReferenceModelSpec,
@@ -20,6 +20,7 @@ from ckpt_agent.formats.synth import (
     published_reference,
     write_reference_checkpoint,
 )
+from ckpt_api.manifest import MANIFEST_NAME, ReferenceRecord
 
 SPEC = ReferenceModelSpec(hidden=16, layers=2, outputs=4)
 
@@ -37,10 +38,10 @@ def test_the_publisher_writes_the_reference_of_the_weights_it_publishes(tmp_path
     reference = published_reference(SPEC, seed=3)
     assert reference is not None
     path = tmp_path / "reference.json"
-    path.write_text(json.dumps(reference.to_json()))
+    path.write_text(reference.model_dump_json())
     assert _publish(tmp_path, "--reference", str(path)) == 0
     manifest = parse_manifest((tmp_path / "root" / "v3" / MANIFEST_NAME).read_bytes())
-    assert manifest.reference == OutputReference(reference.outputs, REFERENCE_ATOL)
+    assert manifest.reference == ReferenceRecord(outputs=reference.outputs, atol=REFERENCE_ATOL)
     # The reference is what /v1/infer answers once these bytes are live.
     live = expected_infer_output(tmp_path / "root" / "v3")
     assert max(abs(a - b) for a, b in zip(live, manifest.reference.outputs, strict=True)) < 1e-6
@@ -96,7 +97,7 @@ def test_the_agent_reads_the_manifest_reference_strictly(
     doc["reference"] = reference
     raw = json.dumps(doc).encode()
     if says is None:
-        assert parse_manifest(raw).reference == OutputReference((1.0,), 0.1)
+        assert parse_manifest(raw).reference == ReferenceRecord(outputs=[1.0], atol=0.1)
         return
     with pytest.raises(LoadError, match=says):
         parse_manifest(raw)

@@ -14,12 +14,13 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from ckpt_agent.formats.manifest import MANIFEST_NAME, Manifest, parse_manifest
+from ckpt_agent.formats.manifest import parse_manifest
 from ckpt_agent.formats.synth import ReferenceModelSpec, write_reference_checkpoint
 from ckpt_agent.pipeline.relay_copy import RelayCopy
 from ckpt_agent.pipeline.staging import StagingArea
 from ckpt_agent.server.relay_routes import add_relay_routes
 from ckpt_agent.source.publish import publish
+from ckpt_api.manifest import MANIFEST_NAME, ManifestDocument
 
 VERSION = "v1"
 # Layers of 3 x 1 MiB + 1 KiB (float32 rows of 769): tensors straddle the relay's 1 MiB pieces.
@@ -31,12 +32,12 @@ ODD = ReferenceModelSpec(hidden=769, layers=3, outputs=8)
 class Served:
     url: str
     copy: RelayCopy
-    manifest: Manifest
+    manifest: ManifestDocument
     shard: str
     expected: bytes  # the shard as a relay serves it: tensor bytes, zeros between them
 
 
-def _staged_copy(root: Path) -> tuple[RelayCopy, Manifest]:
+def _staged_copy(root: Path) -> tuple[RelayCopy, ManifestDocument]:
     raw = (root / VERSION / MANIFEST_NAME).read_bytes()
     manifest = parse_manifest(raw, expected_version=VERSION)
     staging = StagingArea(manifest)
@@ -47,7 +48,7 @@ def _staged_copy(root: Path) -> tuple[RelayCopy, Manifest]:
     return RelayCopy.from_store(raw, manifest, staging), manifest
 
 
-def _as_relayed(shard: bytes, manifest: Manifest, file: str) -> bytes:
+def _as_relayed(shard: bytes, manifest: ManifestDocument, file: str) -> bytes:
     out = bytearray(len(shard))
     for entry in manifest.by_file[file]:
         out[entry.offset : entry.end] = shard[entry.offset : entry.end]

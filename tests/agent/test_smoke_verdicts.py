@@ -9,7 +9,6 @@ import math
 import pytest
 
 from ckpt_agent.common.errors import LoadError, Reason
-from ckpt_agent.formats.manifest import OutputReference
 from ckpt_agent.pipeline.smoke import (
     Verdict,
     check_generation,
@@ -19,10 +18,11 @@ from ckpt_agent.pipeline.smoke import (
     run_check,
     skipped,
 )
+from ckpt_api.manifest import ReferenceRecord
 from ckpt_api.vocabulary import HealthCheckOutcome
 
 NAN, INF = math.nan, math.inf
-REF = OutputReference((0.5, -1.0, 2.0), atol=0.01)
+REF = ReferenceRecord(outputs=[0.5, -1.0, 2.0], atol=0.01)
 
 
 @pytest.mark.parametrize(
@@ -63,7 +63,7 @@ REF = OutputReference((0.5, -1.0, 2.0), atol=0.01)
     ],
 )
 def test_forward_pass_verdicts(
-    outputs: list[float], reference: OutputReference | None, passed: bool, message: str
+    outputs: list[float], reference: ReferenceRecord | None, passed: bool, message: str
 ) -> None:
     verdict = check_outputs(outputs, reference)
     assert verdict.passed is passed

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from ckpt_agent.common.logformat import FORMATS, setup_logging
 
 if TYPE_CHECKING:
-    from ckpt_agent.formats.manifest import OutputReference
     from ckpt_agent.settings import AgentSettings
+    from ckpt_api.manifest import ReferenceRecord
 
 SubParsers = Any  # argparse._SubParsersAction is private; this is what add_parser is called on
 
@@ -73,7 +73,7 @@ def _publish(args: argparse.Namespace) -> int:
         return _publish_from(args, Path(scratch), reference or published_reference(spec, args.example))
 
 
-def _publish_from(args: argparse.Namespace, src: Path, reference: OutputReference | None) -> int:
+def _publish_from(args: argparse.Namespace, src: Path, reference: ReferenceRecord | None) -> int:
     import json
 
     from ckpt_agent.source.publish import PublishError, publish_version

@@ -36,7 +36,7 @@ import numpy as np
 import xxhash
 
 from ckpt_agent.engines.base import LoadJob
-from ckpt_agent.formats.manifest import MANIFEST_NAME, TensorEntry, parse_manifest
+from ckpt_agent.formats.manifest import parse_manifest
 from ckpt_agent.formats.safetensors_format import write_file
 from ckpt_agent.pipeline.compat import ParamSpec
 from ckpt_agent.pipeline.finite import FiniteScan
@@ -44,6 +44,7 @@ from ckpt_agent.pipeline.loader import ApplyFn, InProcessLoader
 from ckpt_agent.pipeline.pause_gate import PauseGate
 from ckpt_agent.pipeline.reader import LoadProgress
 from ckpt_agent.source.publish import publish_version
+from ckpt_api.manifest import MANIFEST_NAME, TensorRecord
 
 GB = 1e9
 MiB = 1 << 20
@@ -205,7 +206,7 @@ def write_bench_checkpoint(directory: Path, nbytes: int, tensor_bytes: int, shar
 class DiscardTarget:
     """Accepts any tensor of the manifest and drops the bytes."""
 
-    def __init__(self, tensors: Mapping[str, TensorEntry]) -> None:
+    def __init__(self, tensors: Mapping[str, TensorRecord]) -> None:
         self._specs = {name: ParamSpec(t.dtype, t.shape) for name, t in tensors.items()}
 
     def parameter_specs(self) -> Mapping[str, ParamSpec]:
@@ -343,7 +344,7 @@ def run_dataplane(
         shutil.rmtree(Path(tmp) / "src")
         manifest = parse_manifest((root / VERSION / MANIFEST_NAME).read_bytes())
         target = DiscardTarget({t.name: t for t in manifest.tensors})
-        nbytes = manifest.total_bytes
+        nbytes = manifest.tensor_bytes
         peak = 0
 
         def measure(name: str, uri: str) -> None:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from ckpt_agent.formats.manifest import OutputReference
-
 # Re-exported: part of this interface, defined below the engines because the load pipeline
 # takes and returns them too.
 from ckpt_agent.pipeline.load_job import LiveWeights as LiveWeights
@@ -15,6 +13,7 @@ from ckpt_agent.pipeline.pause_gate import EngineControl, PauseGate
 from ckpt_agent.pipeline.reader import LoadProgress
 from ckpt_agent.pipeline.smoke import Verdict
 from ckpt_api.agent_api import HealthCheckRequest
+from ckpt_api.manifest import ReferenceRecord
 
 
 class EngineUnavailable(Exception):
@@ -44,7 +43,7 @@ class Engine(EngineControl, Protocol):
         """Outputs for the engine's deterministic input (reference engine only)."""
         ...
 
-    async def smoke(self, check: HealthCheckRequest, reference: OutputReference | None) -> Verdict:
+    async def smoke(self, check: HealthCheckRequest, reference: ReferenceRecord | None) -> Verdict:
         """Probe the weights just loaded (pod not Ready yet; the engine still paused when
         `checks_while_paused`, else resumed): a forward pass, or
         a short generation of `check.prompt`; `reference`: the version manifest's. The caller

@@ -28,7 +28,7 @@ from typing import Any
 from ckpt_agent.common.errors import LoadError, Reason
 from ckpt_agent.engines.base import LoadJob, LoadOutcome
 from ckpt_agent.engines.engine_http import EngineHttp, timed_generation
-from ckpt_agent.formats.manifest import DEFAULT_MAX_MANIFEST_BYTES, Manifest, OutputReference
+from ckpt_agent.formats.manifest import DEFAULT_MAX_MANIFEST_BYTES
 from ckpt_agent.pipeline.pause_gate import LOAD, WEIGHTS_LOST, PauseGate
 from ckpt_agent.pipeline.pull import checksum_verified, open_version, pull_into
 from ckpt_agent.pipeline.reader import DEFAULT_CHUNK_BYTES, LoadProgress, read_extra_files
@@ -38,6 +38,7 @@ from ckpt_agent.pipeline.smoke import Verdict
 from ckpt_agent.pipeline.staging_dir import StagedDirectory, sweep_orphans
 from ckpt_agent.transport import Transport
 from ckpt_api.agent_api import HealthCheckRequest
+from ckpt_api.manifest import ManifestDocument, ReferenceRecord
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +169,7 @@ class DiskStagedEngine:
     async def infer(self) -> list[float]:
         raise NotImplementedError(f"{self.name} serves its own API")
 
-    async def smoke(self, check: HealthCheckRequest, reference: OutputReference | None) -> Verdict:
+    async def smoke(self, check: HealthCheckRequest, reference: ReferenceRecord | None) -> Verdict:
         return await timed_generation(self.generate(check))
 
     async def load(self, job: LoadJob, gate: PauseGate, progress: LoadProgress) -> LoadOutcome:
@@ -193,7 +194,7 @@ class DiskStagedEngine:
         transport, manifest, digest, raw = await open_version(job, self._max_manifest)
         verified = checksum_verified(job, transport)
         try:
-            progress.bytes_total = manifest.total_bytes
+            progress.bytes_total = manifest.tensor_bytes
             extra = await asyncio.to_thread(
                 read_extra_files, transport, manifest, cancelled=job.cancel.is_set
             )
@@ -235,7 +236,7 @@ class DiskStagedEngine:
         # The engine owns the live staging directory (released when the next load lands); the
         # relay only reads it, so withdrawing the relay must not delete it.
         relay = RelayCopy(raw, manifest, staged.buffer, extra_files=extra) if self._relay else None
-        return LoadOutcome(manifest.total_bytes, verified, digest, relay, from_peer=job.peer is not None)
+        return LoadOutcome(manifest.tensor_bytes, verified, digest, relay, from_peer=job.peer is not None)
 
     async def _ensure_probed(self, limit_s: float) -> None:
         if not self._probed:
@@ -339,7 +340,7 @@ class DiskStagedEngine:
     def _stage(
         self,
         transport: Transport,
-        manifest: Manifest,
+        manifest: ManifestDocument,
         extra: Mapping[str, bytes],
         job: LoadJob,
         progress: LoadProgress,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Awaitable
-from typing import Any
+from typing import Any, Required, TypedDict, Unpack
 
 import aiohttp
 
@@ -25,6 +25,14 @@ class EngineUnreachable(LoadError):
 
 class EngineNotConnected(EngineUnreachable):
     """No connection was made: the call never reached the engine, so it changed nothing."""
+
+
+class Request(TypedDict, total=False):
+    """How a call is made, besides what it asks."""
+
+    limit_s: Required[float]  # the whole call, answer included
+    params: dict[str, str] | None
+    token: str | None  # a bearer instead of the client's own
 
 
 def _bearer(token: str | None) -> dict[str, str] | None:
@@ -49,14 +57,7 @@ class EngineHttp:
             await self._session.close()
 
     async def exchange(
-        self,
-        method: str,
-        path: str,
-        body: dict[str, Any] | None = None,
-        *,
-        limit_s: float,
-        params: dict[str, str] | None = None,
-        token: str | None = None,
+        self, method: str, path: str, body: dict[str, Any] | None = None, **request: Unpack[Request]
     ) -> tuple[int, str]:
         """(HTTP status, body text) of one call, whatever the status."""
         assert self._session is not None, "engine not started"
@@ -65,9 +66,9 @@ class EngineHttp:
                 method,
                 self.base_url + path,
                 json=body,
-                params=params,
-                headers=_bearer(token),
-                timeout=aiohttp.ClientTimeout(total=limit_s),
+                params=request.get("params"),
+                headers=_bearer(request.get("token")),
+                timeout=aiohttp.ClientTimeout(total=request["limit_s"]),
             ) as resp:
                 return resp.status, await resp.text()
         except aiohttp.ClientConnectorError as exc:
@@ -83,13 +84,11 @@ class EngineHttp:
         path: str,
         body: dict[str, Any] | None = None,
         *,
-        limit_s: float,
-        params: dict[str, str] | None = None,
         ok_statuses: tuple[int, ...] = (),
-        token: str | None = None,
+        **request: Unpack[Request],
     ) -> tuple[int, Any]:
         """(HTTP status, decoded JSON) of a call that must answer 2xx (or one of `ok_statuses`)."""
-        status, text = await self.exchange(method, path, body, limit_s=limit_s, params=params, token=token)
+        status, text = await self.exchange(method, path, body, **request)
         if status // 100 != 2 and status not in ok_statuses:
             raise LoadError(Reason.ENGINE_ERROR, f"{self.label} {path} answered HTTP {status}: {text[:500]}")
         try:

@@ -39,12 +39,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from ckpt_agent.common.errors import LoadError, Reason
 from ckpt_agent.engines.base import LoadJob, LoadOutcome
 from ckpt_agent.engines.engine_http import EngineHttp, EngineNotConnected, completion, timed_generation
-from ckpt_agent.formats.manifest import DEFAULT_MAX_MANIFEST_BYTES, OutputReference
+from ckpt_agent.formats.manifest import DEFAULT_MAX_MANIFEST_BYTES
 from ckpt_agent.pipeline.pause_gate import LOAD, WEIGHTS_LOST, PauseGate
 from ckpt_agent.pipeline.reader import LoadProgress, fetch_manifest
 from ckpt_agent.pipeline.smoke import Verdict
 from ckpt_agent.transport import open_transport
 from ckpt_api.agent_api import ControlStatus, HealthCheckRequest, LoadFailure, PauseState, RankResult
+from ckpt_api.manifest import ReferenceRecord
 
 log = logging.getLogger(__name__)
 
@@ -271,7 +272,7 @@ class FastDeployEngine:
                 )
             finally:
                 transport.close()
-            nbytes = manifest.total_bytes
+            nbytes = manifest.tensor_bytes
             progress.bytes_total = nbytes
         failure: LoadError | None = None
         applied = False
@@ -305,7 +306,7 @@ class FastDeployEngine:
     async def infer(self) -> list[float]:
         raise NotImplementedError("FastDeploy serves its own OpenAI-compatible API")
 
-    async def smoke(self, check: HealthCheckRequest, reference: OutputReference | None) -> Verdict:
+    async def smoke(self, check: HealthCheckRequest, reference: ReferenceRecord | None) -> Verdict:
         """A greedy generation through FastDeploy's OpenAI-compatible /v1/completions (same
         server as the control routes; its CompletionRequest defaults `model`)."""
         return await timed_generation(completion(self._http, check))

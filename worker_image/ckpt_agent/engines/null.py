@@ -12,11 +12,11 @@ import asyncio
 from typing import Any
 
 from ckpt_agent.engines.base import LoadJob, LoadOutcome
-from ckpt_agent.formats.manifest import OutputReference
 from ckpt_agent.pipeline.pause_gate import LOAD, PauseGate
 from ckpt_agent.pipeline.reader import LoadProgress
 from ckpt_agent.pipeline.smoke import Verdict, skipped
 from ckpt_api.agent_api import HealthCheckRequest
+from ckpt_api.manifest import ReferenceRecord
 
 
 class NullEngine:
@@ -56,7 +56,7 @@ class NullEngine:
     async def infer(self) -> list[float]:
         raise NotImplementedError("the null engine holds no model")
 
-    async def smoke(self, check: HealthCheckRequest, reference: OutputReference | None) -> Verdict:
+    async def smoke(self, check: HealthCheckRequest, reference: ReferenceRecord | None) -> Verdict:
         return skipped("the null engine holds no model to probe")
 
     def describe(self) -> dict[str, Any]:

@@ -28,7 +28,6 @@ from ckpt_agent.engines.paddle_tensors import (
     write_bytes,
 )
 from ckpt_agent.engines.reference_model import build_model
-from ckpt_agent.formats.manifest import OutputReference, TensorEntry
 from ckpt_agent.formats.synth import ReferenceModelSpec, reference_input
 from ckpt_agent.pipeline.compat import ParamSpec
 from ckpt_agent.pipeline.loader import ApplyFn, ApplyMode, InProcessLoader
@@ -37,6 +36,7 @@ from ckpt_agent.pipeline.reader import LoadProgress
 from ckpt_agent.pipeline.relay_copy import ReadTensor, RelayGone
 from ckpt_agent.pipeline.smoke import Verdict, check_outputs, failed, skipped
 from ckpt_api.agent_api import HealthCheckRequest
+from ckpt_api.manifest import ReferenceRecord, TensorRecord
 
 
 class PaddleEngine:
@@ -104,7 +104,7 @@ class PaddleEngine:
     def live_reader(self) -> ReadTensor:
         generation = self._generation
 
-        def read(entry: TensorEntry) -> memoryview:
+        def read(entry: TensorRecord) -> memoryview:
             with self._lock:
                 if self._generation != generation or not self._consistent:
                     raise RelayGone("the live parameters changed since this version was loaded")
@@ -112,7 +112,7 @@ class PaddleEngine:
 
         return read
 
-    def _apply_tensor(self, entry: TensorEntry, data: memoryview) -> None:
+    def _apply_tensor(self, entry: TensorRecord, data: memoryview) -> None:
         write_bytes(self._params[entry.name], data)
 
     # -- Engine --------------------------------------------------------------------------------
@@ -157,7 +157,7 @@ class PaddleEngine:
     async def infer(self) -> list[float]:
         return await asyncio.to_thread(self._infer)
 
-    async def smoke(self, check: HealthCheckRequest, reference: OutputReference | None) -> Verdict:
+    async def smoke(self, check: HealthCheckRequest, reference: ReferenceRecord | None) -> Verdict:
         if self._model is None:
             return skipped("a checkpoint-shaped paddle model has no forward pass to probe")
         try:

@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from ckpt_agent.formats.dtypes import numpy_dtype
-from ckpt_agent.formats.manifest import MANIFEST_NAME, OutputReference, parse_manifest
+from ckpt_agent.formats.manifest import parse_manifest
 from ckpt_agent.formats.safetensors_format import write_file
+from ckpt_api.manifest import MANIFEST_NAME, ReferenceRecord
 
 
 @dataclass(frozen=True)
@@ -76,13 +77,13 @@ REFERENCE_ATOL = 1e-2
 
 def published_reference(
     spec: ReferenceModelSpec, seed: int, *, poison: str | None = None, atol: float = REFERENCE_ATOL
-) -> OutputReference | None:
+) -> ReferenceRecord | None:
     """The manifest's `reference` for the checkpoint of `seed`: its forward pass on the fixed
     input. None when that is not finite (a NaN checkpoint has no reference to publish)."""
     outputs = reference_forward(spec, checkpoint_params(spec, seed, poison))
     if not all(np.isfinite(outputs)):
         return None
-    return OutputReference(tuple(outputs), atol)
+    return ReferenceRecord(outputs=[float(v) for v in outputs], atol=atol)
 
 
 def reference_forward(spec: ReferenceModelSpec, params: dict[str, np.ndarray]) -> list[float]:

@@ -6,7 +6,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from ckpt_agent.common.errors import LoadError, Reason
-from ckpt_agent.formats.manifest import Manifest
+from ckpt_api.manifest import ManifestDocument
 
 _MAX_LISTED = 8
 
@@ -28,7 +28,7 @@ def _listing_text(items: list[str]) -> str:
 
 
 def compatibility_problems(
-    manifest: Manifest, params: Mapping[str, ParamSpec], *, holds: Collection[str] | None = None
+    manifest: ManifestDocument, params: Mapping[str, ParamSpec], *, holds: Collection[str] | None = None
 ) -> list[str]:
     """Human-readable problems; empty when every tensor maps to a parameter of the same shape
     and dtype and every parameter is covered. `holds`: the dtypes the engine can hold at all
@@ -65,7 +65,7 @@ def compatibility_problems(
 
 
 def check_compatible(
-    manifest: Manifest, params: Mapping[str, ParamSpec], *, holds: Collection[str] | None = None
+    manifest: ManifestDocument, params: Mapping[str, ParamSpec], *, holds: Collection[str] | None = None
 ) -> None:
     problems = compatibility_problems(manifest, params, holds=holds)
     if problems:

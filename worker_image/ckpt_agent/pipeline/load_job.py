@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ckpt_agent.formats.manifest import OutputReference
     from ckpt_agent.pipeline.relay_copy import RelayCopy
     from ckpt_api.agent_api import HealthCheckRequest
+    from ckpt_api.manifest import ReferenceRecord
 
 
 @dataclass(frozen=True)
@@ -68,4 +68,4 @@ class LoadOutcome:
     # The tensor bytes came from `LoadJob.peer` (engines that pull by themselves ignore peers).
     from_peer: bool = False
     # The version manifest's published outputs, for the smoke check (in-process engines).
-    reference: OutputReference | None = None
+    reference: ReferenceRecord | None = None

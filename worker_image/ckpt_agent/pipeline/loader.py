@@ -28,7 +28,7 @@ from typing import Literal, Protocol, runtime_checkable
 import numpy as np
 
 from ckpt_agent.common.errors import LoadError, Reason
-from ckpt_agent.formats.manifest import DEFAULT_MAX_MANIFEST_BYTES, Manifest, TensorEntry
+from ckpt_agent.formats.manifest import DEFAULT_MAX_MANIFEST_BYTES
 from ckpt_agent.pipeline.compat import ParamSpec, check_compatible
 from ckpt_agent.pipeline.load_job import LiveWeights, LoadJob, LoadOutcome
 from ckpt_agent.pipeline.pause_gate import LOAD, PauseGate
@@ -45,11 +45,12 @@ from ckpt_agent.pipeline.relay_copy import ReadTensor, RelayCopy
 from ckpt_agent.pipeline.staging import StagingArea
 from ckpt_agent.transport import Transport, open_transport
 from ckpt_agent.transport.abort import LOAD_ABORT
+from ckpt_api.manifest import ManifestDocument, TensorRecord
 
 log = logging.getLogger(__name__)
 
 ApplyMode = Literal["staged", "streamed"]
-ApplyFn = Callable[[TensorEntry, memoryview], None]
+ApplyFn = Callable[[TensorRecord, memoryview], None]
 
 
 class WeightsTarget(Protocol):
@@ -101,7 +102,7 @@ class InProcessLoader:
         try:
             holds = self._target.supported_dtypes() if isinstance(self._target, HoldsSomeDtypes) else None
             check_compatible(manifest, self._target.parameter_specs(), holds=holds)
-            progress.bytes_total = manifest.total_bytes
+            progress.bytes_total = manifest.tensor_bytes
             if self.apply_mode == "staged":
                 relay = await self._staged(transport, manifest, raw, job, gate, progress)
             else:
@@ -111,7 +112,7 @@ class InProcessLoader:
         finally:
             transport.close()
         return LoadOutcome(
-            manifest.total_bytes,
+            manifest.tensor_bytes,
             verified,
             digest,
             relay,
@@ -122,7 +123,7 @@ class InProcessLoader:
     async def _staged(
         self,
         transport: Transport,
-        manifest: Manifest,
+        manifest: ManifestDocument,
         raw: bytes,
         job: LoadJob,
         gate: PauseGate,
@@ -168,12 +169,16 @@ class InProcessLoader:
                     early.release()  # its readers stop; it never relays bytes of a failed load
                 staging.release()
 
-    def _apply_all(self, manifest: Manifest, buffer_for: Callable[[TensorEntry], memoryview]) -> None:
+    def _apply_all(
+        self, manifest: ManifestDocument, buffer_for: Callable[[TensorRecord], memoryview]
+    ) -> None:
         with self._target.applying() as apply:
             for entry in manifest.tensors:
                 apply(entry, buffer_for(entry))
 
-    def _live_copy(self, raw: bytes, manifest: Manifest, extra: Mapping[str, bytes]) -> RelayCopy | None:
+    def _live_copy(
+        self, raw: bytes, manifest: ManifestDocument, extra: Mapping[str, bytes]
+    ) -> RelayCopy | None:
         if not (self._relay and isinstance(self._target, ReadsLiveWeights)):
             return None
         return RelayCopy(
@@ -181,7 +186,12 @@ class InProcessLoader:
         )
 
     async def _streamed(
-        self, transport: Transport, manifest: Manifest, job: LoadJob, gate: PauseGate, progress: LoadProgress
+        self,
+        transport: Transport,
+        manifest: ManifestDocument,
+        job: LoadJob,
+        gate: PauseGate,
+        progress: LoadProgress,
     ) -> None:
         async with gate.hold(LOAD):
             try:
@@ -200,7 +210,7 @@ class InProcessLoader:
     def _stream_apply(
         self,
         transport: Transport,
-        manifest: Manifest,
+        manifest: ManifestDocument,
         verify: bool,
         progress: LoadProgress,
         cancelled: Callable[[], bool],
@@ -267,7 +277,7 @@ class InProcessLoader:
             transport.close()
 
 
-async def _read_extras(transport: Transport, manifest: Manifest, job: LoadJob) -> dict[str, bytes]:
+async def _read_extras(transport: Transport, manifest: ManifestDocument, job: LoadJob) -> dict[str, bytes]:
     return await asyncio.to_thread(read_extra_files, transport, manifest, cancelled=job.cancel.is_set)
 
 

@@ -18,8 +18,8 @@ from ckpt_agent.transport import Transport, is_untrusted, open_transport
 from ckpt_agent.transport.mooncake.runtime import MooncakeUnavailable
 
 if TYPE_CHECKING:
-    from ckpt_agent.formats.manifest import Manifest, TensorEntry
     from ckpt_agent.pipeline.load_job import LoadJob
+    from ckpt_api.manifest import ManifestDocument, TensorRecord
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +39,13 @@ def open_load_transport(source_uri: str, peer: str | None, bearer: str | None) -
 class PullTarget(Protocol):
     """Where a staged load lands: host staging (paddle) or a staging directory (disk engines)."""
 
-    def buffer(self, entry: TensorEntry) -> memoryview: ...
+    def buffer(self, entry: TensorRecord) -> memoryview: ...
 
 
 def pull_into(
     transport: Transport,
     job: LoadJob,
-    manifest: Manifest,
+    manifest: ManifestDocument,
     target: PullTarget,
     progress: LoadProgress,
     *,
@@ -62,13 +62,13 @@ def pull_into(
     landed: set[str] = set()
     lock = threading.Lock()
 
-    def on_tensor(entry: TensorEntry, _buf: memoryview) -> None:
+    def on_tensor(entry: TensorRecord, _buf: memoryview) -> None:
         with lock:
             landed.add(entry.name)
         if relay is not None:
             relay.mark_ready(entry)
 
-    def read(reader: Transport, entries: Sequence[TensorEntry]) -> None:
+    def read(reader: Transport, entries: Sequence[TensorRecord]) -> None:
         # Several streams only pay off when there is more than one chunk per stream.
         nbytes = sum(e.nbytes for e in entries)
         max_run = max(nbytes // max(parallelism, 1), chunk_bytes)
@@ -104,7 +104,9 @@ def pull_into(
         relay.finish()
 
 
-async def open_version(job: LoadJob, max_manifest_bytes: int) -> tuple[Transport, Manifest, str, bytes]:
+async def open_version(
+    job: LoadJob, max_manifest_bytes: int
+) -> tuple[Transport, ManifestDocument, str, bytes]:
     """The job's transport (source, or peer with the source's manifest) and its version's
     manifest, digest-checked: (transport, manifest, digest, raw manifest bytes). The caller
     closes the transport."""

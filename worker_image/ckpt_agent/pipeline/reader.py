@@ -33,9 +33,10 @@ from typing import Protocol
 import xxhash
 
 from ckpt_agent.common.errors import LoadError, Reason
-from ckpt_agent.formats.manifest import Manifest, TensorEntry, manifest_digest, parse_manifest
+from ckpt_agent.formats.manifest import manifest_digest, parse_manifest
 from ckpt_agent.pipeline.finite import FiniteScan, can_hold_non_finite
 from ckpt_agent.transport import ByteStream, Transport, is_untrusted
+from ckpt_api.manifest import ManifestDocument, TensorRecord
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 # Gaps between tensors up to this size are read and dropped instead of opening a new range.
@@ -44,8 +45,8 @@ _MAX_SKIP = 1 << 20
 # manifest listing a bigger one is refused rather than allocated.
 MAX_EXTRA_FILE_BYTES = 1 << 30
 
-BufferFor = Callable[[TensorEntry], memoryview]
-OnTensor = Callable[[TensorEntry, memoryview], None]
+BufferFor = Callable[[TensorRecord], memoryview]
+OnTensor = Callable[[TensorRecord, memoryview], None]
 
 
 @dataclass
@@ -72,7 +73,7 @@ class Run:
     """Tensors of one shard read through a single ranged stream."""
 
     file: str
-    entries: tuple[TensorEntry, ...]
+    entries: tuple[TensorRecord, ...]
 
     @property
     def start(self) -> int:
@@ -88,7 +89,10 @@ class Run:
 
 
 def plan_runs(
-    manifest: Manifest, *, max_run_bytes: int | None = None, only: Sequence[TensorEntry] | None = None
+    manifest: ManifestDocument,
+    *,
+    max_run_bytes: int | None = None,
+    only: Sequence[TensorRecord] | None = None,
 ) -> list[Run]:
     """Group each shard's tensors into ranged reads: contiguous (or nearly) tensors share a run;
     `max_run_bytes` splits long runs so several streams can be read in parallel. `only`: just
@@ -97,7 +101,7 @@ def plan_runs(
     wanted = None if only is None else {e.name for e in only}
     for file, listed in manifest.by_file.items():
         entries = listed if wanted is None else [e for e in listed if e.name in wanted]
-        current: list[TensorEntry] = []
+        current: list[TensorRecord] = []
         size = 0
         for entry in entries:
             gap_too_big = bool(current) and entry.offset - current[-1].end > _MAX_SKIP
@@ -151,7 +155,7 @@ def check_for(xxh3_128: str, sha256: str | None, *, untrusted: bool, what: str) 
 
 def fetch_manifest(
     transport: Transport, version: str, *, expected_digest: str | None, max_bytes: int
-) -> tuple[Manifest, str]:
+) -> tuple[ManifestDocument, str]:
     """Fetch, pin-check and parse a manifest; returns it with its digest."""
     manifest, digest, _raw = fetch_manifest_raw(
         transport, version, expected_digest=expected_digest, max_bytes=max_bytes
@@ -161,7 +165,7 @@ def fetch_manifest(
 
 def fetch_manifest_raw(
     transport: Transport, version: str, *, expected_digest: str | None, max_bytes: int
-) -> tuple[Manifest, str, bytes]:
+) -> tuple[ManifestDocument, str, bytes]:
     """`fetch_manifest`, plus the exact bytes (a relaying agent serves them as they were)."""
     raw = transport.fetch_manifest(version, max_bytes)
     digest = manifest_digest(raw)
@@ -174,7 +178,7 @@ def fetch_manifest_raw(
 
 
 def read_extra_files(
-    transport: Transport, manifest: Manifest, *, cancelled: Callable[[], bool]
+    transport: Transport, manifest: ManifestDocument, *, cancelled: Callable[[], bool]
 ) -> dict[str, bytes]:
     """Every non-weight file of the version (config, tokenizer, index...), whole, each checked
     against its xxh3-128 whatever the load asked: they are small, and an engine reads them as
@@ -298,7 +302,7 @@ def _inspect(piece: memoryview, hasher: _Hasher | None, scan: FiniteScan | None)
 
 def _read_tensor(
     stream: ByteStream,
-    entry: TensorEntry,
+    entry: TensorRecord,
     buf: memoryview,
     *,
     verify: bool,

@@ -27,10 +27,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 
-from ckpt_agent.formats.manifest import Manifest, TensorEntry
 from ckpt_agent.pipeline.staging import TensorStore
+from ckpt_api.manifest import ManifestDocument, TensorRecord
 
-ReadTensor = Callable[[TensorEntry], memoryview]
+ReadTensor = Callable[[TensorRecord], memoryview]
 
 
 class RelayGone(Exception):
@@ -52,7 +52,7 @@ class RelayCopy:
     def __init__(
         self,
         manifest_raw: bytes,
-        manifest: Manifest,
+        manifest: ManifestDocument,
         read_tensor: ReadTensor,
         *,
         store: TensorStore | None = None,
@@ -72,7 +72,7 @@ class RelayCopy:
         self.released = False
         # Copies a Mooncake export keeps (pipeline.relay_export), each fed every verified tensor;
         # held across a copy, so a tensor is in every mirror before any reader learns it is ready.
-        self._mirrors: list[Callable[[TensorEntry], None]] = []
+        self._mirrors: list[Callable[[TensorRecord], None]] = []
         self._mirror_lock = threading.Lock()
         # Pipelined relay: the tensors verified so far, and how waiting readers learn of more.
         self.complete = True
@@ -85,7 +85,7 @@ class RelayCopy:
     def in_progress(
         cls,
         manifest_raw: bytes,
-        manifest: Manifest,
+        manifest: ManifestDocument,
         store: TensorStore,
         loop: asyncio.AbstractEventLoop,
     ) -> RelayCopy:
@@ -103,7 +103,7 @@ class RelayCopy:
         self.extras_ready = True
         self._wake()
 
-    def mark_ready(self, entry: TensorEntry) -> None:
+    def mark_ready(self, entry: TensorRecord) -> None:
         """The load verified `entry` (any thread)."""
         with self._mirror_lock:
             for mirror in self._mirrors:
@@ -112,7 +112,7 @@ class RelayCopy:
                 self._ready.add(entry.name)
         self._wake()
 
-    def add_mirror(self, mirror: Callable[[TensorEntry], None]) -> None:
+    def add_mirror(self, mirror: Callable[[TensorRecord], None]) -> None:
         """`mirror(entry)` now for each tensor verified so far, and for each one verified later
         before it is marked ready. Raises RelayGone once the copy is released (the store with it)."""
         with self._mirror_lock:
@@ -129,7 +129,7 @@ class RelayCopy:
             self.complete = True
         self._wake()
 
-    def is_ready(self, entry: TensorEntry) -> bool:
+    def is_ready(self, entry: TensorRecord) -> bool:
         return self.complete or entry.name in self._ready
 
     def ready_between(self, file: str, start: int, end: int) -> bool:
@@ -187,7 +187,7 @@ class RelayCopy:
     def from_store(
         cls,
         manifest_raw: bytes,
-        manifest: Manifest,
+        manifest: ManifestDocument,
         store: TensorStore,
         extra_files: Mapping[str, bytes] | None = None,
     ) -> RelayCopy:
@@ -199,7 +199,8 @@ class RelayCopy:
             return len(self.extra_files[file])
         if not self.extras_ready and file in self.manifest.extra_files:
             return self.manifest.extra_files[file].size
-        return self.manifest.files.get(file)
+        shard = self.manifest.files.get(file)
+        return None if shard is None else shard.size
 
     def iter_range(self, file: str, start: int, end: int) -> Iterator[bytes | memoryview | NotReady]:
         """Bytes [start, end) of `file` in the original shard layout, in pieces of at most 1 MiB;
@@ -243,7 +244,7 @@ class RelayCopy:
             pos = hi
             i += 1
 
-    def _tensor(self, entry: TensorEntry) -> memoryview:
+    def _tensor(self, entry: TensorRecord) -> memoryview:
         """A view of `entry`'s bytes that stays valid as long as it is held. `release` marks the
         copy released before it lets the store go, so a read that finds the copy still held
         afterwards read the store before it went (a read after gives an empty or failed view)."""

@@ -18,12 +18,12 @@ import threading
 
 import numpy as np
 
-from ckpt_agent.formats.manifest import TensorEntry
 from ckpt_agent.pipeline.relay_copy import RelayCopy, RelayGone
 from ckpt_agent.pipeline.staging import TensorStore
 from ckpt_agent.transport.mooncake import runtime
 from ckpt_agent.transport.mooncake.descriptor import Descriptor, ExportedFile, Extent
 from ckpt_agent.transport.mooncake.export import ExportedVersion
+from ckpt_api.manifest import TensorRecord
 
 
 class _Mirror:
@@ -35,16 +35,16 @@ class _Mirror:
         self._starts = [runtime.address_of(r) for r in regions]
         self.arrays = [np.empty(max(r.nbytes, 1), dtype=np.uint8) for r in regions]
 
-    def _slot(self, entry: TensorEntry) -> np.ndarray:
+    def _slot(self, entry: TensorRecord) -> np.ndarray:
         src = runtime.address_of(self._store.buffer(entry))
         i = bisect.bisect_right(self._starts, src) - 1
         off = src - self._starts[i]
         return self.arrays[i][off : off + entry.nbytes]
 
-    def address_of(self, entry: TensorEntry) -> int:
+    def address_of(self, entry: TensorRecord) -> int:
         return int(self._slot(entry).ctypes.data)
 
-    def copy_in(self, entry: TensorEntry) -> None:
+    def copy_in(self, entry: TensorRecord) -> None:
         np.copyto(self._slot(entry), np.frombuffer(self._store.buffer(entry), dtype=np.uint8))
 
 
@@ -94,7 +94,7 @@ class RelayExporter:
             raise
         files = {
             name: ExportedFile(
-                copy.manifest.files[name],
+                copy.manifest.files[name].size,
                 tuple(Extent(e.offset, mirror.address_of(e), e.nbytes) for e in entries),
             )
             for name, entries in copy.manifest.by_file.items()

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 
 from ckpt_agent.common.errors import LoadError
-from ckpt_agent.formats.manifest import OutputReference
+from ckpt_api.manifest import ReferenceRecord
 from ckpt_api.vocabulary import HealthCheckOutcome
 
 # What an OpenAI-compatible server (and SGLang's finish_reason.type) says when a generation
@@ -64,7 +64,7 @@ def _number(value: float) -> str:
     return "NaN" if math.isnan(value) else f"{value:.6g}"
 
 
-def check_outputs(outputs: Sequence[float], reference: OutputReference | None) -> Verdict:
+def check_outputs(outputs: Sequence[float], reference: ReferenceRecord | None) -> Verdict:
     """The reference model's forward pass: every output finite and, when the version's manifest
     publishes a reference, each within its atol of it."""
     if not outputs:

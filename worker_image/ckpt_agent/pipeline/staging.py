@@ -13,13 +13,13 @@ from typing import Protocol
 
 import numpy as np
 
-from ckpt_agent.formats.manifest import Manifest, TensorEntry
+from ckpt_api.manifest import ManifestDocument, TensorRecord
 
 _ALIGN = 64
 
 
 class TensorStore(Protocol):
-    def buffer(self, entry: TensorEntry) -> memoryview: ...
+    def buffer(self, entry: TensorRecord) -> memoryview: ...
 
     def regions(self) -> list[memoryview]:
         """The memory every `buffer` lies in."""
@@ -29,7 +29,7 @@ class TensorStore(Protocol):
 
 
 class StagingArea:
-    def __init__(self, manifest: Manifest) -> None:
+    def __init__(self, manifest: ManifestDocument) -> None:
         self._slots: dict[str, tuple[int, int]] = {}
         cursor = 0
         for entry in manifest.tensors:
@@ -39,7 +39,7 @@ class StagingArea:
         self._arena = np.empty(max(cursor, 1), dtype=np.uint8)
         self._view = self._arena.data
 
-    def buffer(self, entry: TensorEntry) -> memoryview:
+    def buffer(self, entry: TensorRecord) -> memoryview:
         start, nbytes = self._slots[entry.name]
         return self._view[start : start + nbytes]
 

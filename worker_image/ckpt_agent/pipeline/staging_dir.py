@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from ckpt_agent.common.errors import LoadError, Reason
-from ckpt_agent.formats.manifest import Manifest, TensorEntry
 from ckpt_agent.formats.safetensors_format import encode_header, read_header
+from ckpt_api.manifest import ManifestDocument, TensorRecord
 
 CONFIG_NAME = "config.json"
 INDEX_NAME = "model.safetensors.index.json"  # transformers' SAFE_WEIGHTS_INDEX_NAME
@@ -144,7 +144,7 @@ def _reserve(f: typing.BinaryIO, size: int) -> None:
 
 class StagedDirectory:
     def __init__(
-        self, root: Path, manifest: Manifest, extra_files: Mapping[str, bytes] | None = None
+        self, root: Path, manifest: ManifestDocument, extra_files: Mapping[str, bytes] | None = None
     ) -> None:
         """`extra_files`: the version's verified non-weight files, written as they are."""
         self.version = manifest.version
@@ -159,7 +159,7 @@ class StagedDirectory:
         self._maps: list[mmap.mmap] = []
         self._where: dict[str, tuple[int, int]] = {}  # tensor -> (map index, offset)
         extra = dict(extra_files or {})
-        needed = manifest.total_bytes + sum(len(c) for c in extra.values())
+        needed = manifest.tensor_bytes + sum(len(c) for c in extra.values())
         try:
             if shutil.disk_usage(root).free < needed:
                 raise _staging_full(root, manifest.version, needed)
@@ -200,7 +200,7 @@ class StagedDirectory:
                 f"version {self.version} is not a loadable model directory: " + "; ".join(problems),
             )
 
-    def buffer(self, entry: TensorEntry) -> memoryview:
+    def buffer(self, entry: TensorRecord) -> memoryview:
         index, off = self._where[entry.name]
         return self._arrays[index].data[off : off + entry.nbytes]
 

@@ -26,11 +26,11 @@ from collections.abc import Callable, Iterator
 
 from aiohttp import web
 
-from ckpt_agent.formats.manifest import MANIFEST_NAME
 from ckpt_agent.pipeline.relay_copy import NotReady, RelayCopy, RelayGone
 from ckpt_agent.pipeline.relay_export import RelayExporter
 from ckpt_agent.transport.mooncake.descriptor import Descriptor
 from ckpt_api.constants import VERSION_PATTERN
+from ckpt_api.manifest import MANIFEST_NAME
 from ckpt_api.vocabulary import ErrorCode
 
 log = logging.getLogger(__name__)

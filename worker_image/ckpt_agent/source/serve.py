@@ -17,8 +17,8 @@ from pathlib import Path
 from aiohttp import web
 
 from ckpt_agent.common.errors import LoadError
-from ckpt_agent.formats.manifest import MANIFEST_NAME, is_valid_file_name
 from ckpt_agent.transport.mooncake.export import ExportCache
+from ckpt_api.manifest import MANIFEST_NAME, is_valid_file_name
 from ckpt_api.versions import validate_version
 from ckpt_api.vocabulary import ErrorCode
 

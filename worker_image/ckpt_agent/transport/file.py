@@ -7,8 +7,8 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from ckpt_agent.common.errors import LoadError, Reason
-from ckpt_agent.formats.manifest import MANIFEST_NAME
 from ckpt_agent.transport.base import ByteStream, EmptyStream
+from ckpt_api.manifest import MANIFEST_NAME
 
 
 class _FileStream:

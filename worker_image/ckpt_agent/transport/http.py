@@ -16,10 +16,10 @@ from collections.abc import Callable
 from urllib.parse import quote, urlsplit
 
 from ckpt_agent.common.errors import LoadError, Reason
-from ckpt_agent.formats.manifest import MANIFEST_NAME
 from ckpt_agent.transport.abort import LOAD_ABORT, SOURCE, LoadAbort
 from ckpt_agent.transport.base import ByteStream, EmptyStream
 from ckpt_agent.transport.guard import guard
+from ckpt_api.manifest import MANIFEST_NAME
 from ckpt_api.source_policy import SourcePolicy
 
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")

@@ -25,15 +25,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ckpt_agent.formats.manifest import (
-    MANIFEST_NAME,
-    ExtraFile,
-    Manifest,
-    OutputReference,
-    TensorEntry,
-    encode_manifest,
-    manifest_digest,
-)
+from ckpt_agent.formats.manifest import manifest_digest
 from ckpt_agent.source.publish.hashing import Span, default_threads, hash_spans
 from ckpt_agent.source.publish.placing import COPY_METHODS, LINK_METHODS, WRITTEN, place
 from ckpt_agent.source.publish.progress import Reporter, Silent
@@ -48,7 +40,17 @@ from ckpt_agent.source.publish.sources import (
     shard_header,
 )
 from ckpt_agent.source.publish.state_dict import write_state_dict
-from ckpt_api.manifest import ReferenceRecord
+from ckpt_api.manifest import (
+    CHECKSUM_ALGORITHM,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    ExtraFileRecord,
+    ManifestDocument,
+    ReferenceRecord,
+    ShardRecord,
+    TensorRecord,
+    encode_manifest,
+)
 from ckpt_api.versions import validate_version
 
 __all__ = [
@@ -113,7 +115,7 @@ def publish(
     *,
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     link: bool = False,
-    reference: OutputReference | None = None,
+    reference: ReferenceRecord | None = None,
 ) -> str:
     """Publish `src` as `version` under `out_root`; returns the manifest digest."""
     return publish_version(
@@ -121,7 +123,7 @@ def publish(
     ).digest
 
 
-def read_reference(path: Path) -> OutputReference:
+def read_reference(path: Path) -> ReferenceRecord:
     """A `--reference` file: {outputs, atol} as the manifest's `reference` holds it; PublishError
     naming what is wrong."""
     try:
@@ -132,7 +134,7 @@ def read_reference(path: Path) -> OutputReference:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"]) or "the file"
         raise PublishError(f"{path}: not a reference {{outputs, atol}}: {where}: {first['msg']}") from None
-    return OutputReference(tuple(record.outputs), record.atol)
+    return record
 
 
 def publish_version(
@@ -145,7 +147,7 @@ def publish_version(
     methods: Sequence[str] | None = None,
     threads: int | None = None,
     reporter: Reporter | None = None,
-    reference: OutputReference | None = None,
+    reference: ReferenceRecord | None = None,
 ) -> PublishResult:
     """Publish `src` as `version` under `out_root`.
 
@@ -176,9 +178,11 @@ def publish_version(
         files, tensors, extra_files = _build(
             src, tmp, plan, order, shard_bytes, threads or default_threads(), report
         )
-        manifest = Manifest(
+        manifest = ManifestDocument(
+            format_version=FORMAT_VERSION,
             version=version,
-            files={f.name: f.bytes for f in files if f.kind == "shard"},
+            checksum=CHECKSUM_ALGORITHM,
+            files={f.name: ShardRecord(size=f.bytes) for f in files if f.kind == "shard"},
             tensors=tuple(tensors),
             extra_files=extra_files,
             reference=reference,
@@ -229,7 +233,7 @@ def _build(
     shard_bytes: int,
     threads: int,
     report: Reporter,
-) -> tuple[list[PublishedFile], list[TensorEntry], dict[str, ExtraFile]]:
+) -> tuple[list[PublishedFile], list[TensorRecord], dict[str, ExtraFileRecord]]:
     """Fill `tmp` with the version's files and hash them; the manifest's contents."""
     method: dict[str, str] = {}
     if plan.state_dict is not None:
@@ -272,11 +276,23 @@ def _build(
     located = [(name, t) for name, tensors in shards for t in tensors]
     tensor_digests, extra_digests = digests[: len(located)], digests[len(located) :]
     tensor_entries = [
-        TensorEntry(t.name, t.dtype, t.shape, name, t.offset, t.nbytes, digest.xxh3_128, digest.sha256)
+        # Validated, not just built: the dtype read from a header is a name, not yet a Dtype.
+        TensorRecord.model_validate(
+            {
+                "name": t.name,
+                "dtype": t.dtype,
+                "shape": t.shape,
+                "file": name,
+                "offset": t.offset,
+                "nbytes": t.nbytes,
+                "xxh3_128": digest.xxh3_128,
+                "sha256": digest.sha256,
+            }
+        )
         for (name, t), digest in zip(located, tensor_digests, strict=True)
     ]
     extra_files = {
-        name: ExtraFile(name, sizes[name], digest.xxh3_128, digest.sha256)
+        name: ExtraFileRecord(size=sizes[name], xxh3_128=digest.xxh3_128, sha256=digest.sha256)
         for name, digest in zip(extras, extra_digests, strict=True)
     }
     files = [PublishedFile(name, "shard", sizes[name], method[name]) for name, _ in shards]

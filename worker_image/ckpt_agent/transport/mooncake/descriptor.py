@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ckpt_agent.formats.manifest import is_valid_file_name
 from ckpt_agent.transport.mooncake.runtime import PROTOCOLS, Protocol
+from ckpt_api.manifest import is_valid_file_name
 
 _SESSION = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
 

@@ -22,9 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ckpt_agent.formats.manifest import MANIFEST_NAME, parse_manifest
+from ckpt_agent.formats.manifest import parse_manifest
 from ckpt_agent.transport.mooncake.descriptor import Descriptor, ExportedFile, Extent
 from ckpt_agent.transport.mooncake.runtime import MooncakeEngine
+from ckpt_api.manifest import MANIFEST_NAME
 
 log = logging.getLogger(__name__)
 
