@@ -13,10 +13,10 @@ from kubernetes_asyncio import client
 from ckpt_agent.common.errors import RequestError
 from ckpt_agent.common.metrics import AgentMetrics
 from ckpt_agent.server.update_request import RolloutRef, parse_rollout
-from ckpt_agent.service.report import worker_entry
 from ckpt_agent.service.reporting import KubeReporter
 from ckpt_api.status import WorkerStatus
 from ckpt_api.vocabulary import WorkerPhase, WorkerReason
+from ckpt_api.worker_entries import worker_entry
 
 REF = {"namespace": "rl", "name": "fleet", "uid": "u", "wave": 1}
 

@@ -7,15 +7,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ckpt_agent.service.report import (
-    MAX_MESSAGE,
     pod_condition_patch,
     rfc3339,
     weights_ready_condition,
-    worker_entry,
     worker_status_patch,
 )
 from ckpt_api.status import WorkerStatus
 from ckpt_api.vocabulary import WorkerPhase, WorkerReason
+from ckpt_api.worker_entries import MAX_MESSAGE, worker_entry
 
 
 def _entry(**overrides: Any) -> WorkerStatus:

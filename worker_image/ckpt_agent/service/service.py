@@ -27,7 +27,7 @@ from ckpt_agent.service.load_watch import (
     ThroughputFloor,
     describe_deadline,
 )
-from ckpt_agent.service.report import rfc3339, worker_entry
+from ckpt_agent.service.report import rfc3339
 from ckpt_agent.service.reporting import StatusReporter
 from ckpt_agent.transport import abort as load_abort
 from ckpt_agent.transport.abort import LOAD_ABORT, LoadAbort
@@ -54,6 +54,7 @@ from ckpt_api.vocabulary import (
     WeightsReadyReason,
     WorkerPhase,
 )
+from ckpt_api.worker_entries import worker_entry
 
 log = logging.getLogger(__name__)
 
