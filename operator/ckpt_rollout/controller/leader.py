@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from ckpt_api.vocabulary import LEASE_NAME
+from ckpt_rollout.io.blocking_kube import BlockingKube
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +39,12 @@ class LeaseElector:
     def __init__(
         self, namespace: str, *, identity: str | None = None, duration_s: int = 15, renew_every_s: float = 5.0
     ) -> None:
-        from kubernetes import client, config
+        from kubernetes_asyncio import client, config
 
         try:
-            config.load_incluster_config()
+            self._kube = BlockingKube.in_cluster()
         except config.ConfigException:
-            config.load_kube_config()
-        self._api = client.CoordinationV1Api()
+            self._kube = BlockingKube.from_kubeconfig()
         self._client = client
         self.namespace = namespace
         self.identity = identity or f"{socket.gethostname()}-{os.getpid()}"
@@ -58,12 +58,15 @@ class LeaseElector:
     def _try(self) -> bool:
         """One attempt to acquire or renew; the apiserver's resourceVersion check makes it
         atomic between replicas."""
-        from kubernetes.client.exceptions import ApiException
+        from kubernetes_asyncio.client.exceptions import ApiException
 
+        api = self._kube.coordination
         now = _now()
         try:
-            lease = self._api.read_namespaced_lease(
-                LEASE_NAME, self.namespace, _request_timeout=self.call_timeout_s
+            lease = self._kube.call(
+                lambda: api.read_namespaced_lease(
+                    LEASE_NAME, self.namespace, _request_timeout=self.call_timeout_s
+                )
             )
         except ApiException as exc:
             if exc.status != 404:
@@ -78,7 +81,11 @@ class LeaseElector:
                 ),
             )
             try:
-                self._api.create_namespaced_lease(self.namespace, body, _request_timeout=self.call_timeout_s)
+                self._kube.call(
+                    lambda: api.create_namespaced_lease(
+                        self.namespace, body, _request_timeout=self.call_timeout_s
+                    )
+                )
                 self.holder = self.identity
                 return True
             except ApiException as create_exc:
@@ -98,8 +105,10 @@ class LeaseElector:
         spec.lease_duration_seconds = self.duration_s
         spec.renew_time = _fmt(now)
         try:
-            self._api.replace_namespaced_lease(
-                LEASE_NAME, self.namespace, lease, _request_timeout=self.call_timeout_s
+            self._kube.call(
+                lambda: api.replace_namespaced_lease(
+                    LEASE_NAME, self.namespace, lease, _request_timeout=self.call_timeout_s
+                )
             )
             self.holder = self.identity
             return True

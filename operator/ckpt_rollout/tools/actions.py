@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,9 +23,11 @@ from ckpt_api.vocabulary import (
     Phase,
     WavePhase,
 )
+from ckpt_rollout.io.blocking_kube import BlockingKube
 from ckpt_rollout.tools.views import desired_version
 
 EXIT_UNREACHABLE, EXIT_NOT_FOUND, EXIT_REFUSED, EXIT_API_ERROR, EXIT_INTERRUPTED = 3, 4, 5, 6, 130
+MERGE_PATCH = "application/merge-patch+json"
 
 
 class ActionError(Exception):
@@ -42,25 +45,25 @@ class Target:
     namespace: str | None = None
 
 
-def connect(target: Target) -> tuple[Any, str]:
-    """(CustomObjectsApi, namespace): the flag's namespace, else the context's, else default."""
-    from kubernetes import client, config
+def connect(target: Target) -> tuple[BlockingKube, str]:
+    """(the client, the namespace): the flag's namespace, else the context's, else default."""
+    from kubernetes_asyncio import config
 
     try:
-        config.load_kube_config(config_file=target.kubeconfig, context=target.context)
+        kube = BlockingKube.from_kubeconfig(target.kubeconfig, target.context)
         namespace = target.namespace
         if namespace is None:
             _, active = config.list_kube_config_contexts(config_file=target.kubeconfig)
             namespace = (active or {}).get("context", {}).get("namespace") or "default"
     except (config.ConfigException, OSError) as exc:
         raise ActionError(f"no usable kubeconfig: {exc}", EXIT_UNREACHABLE) from None
-    return client.CustomObjectsApi(), namespace
+    return kube, namespace
 
 
 def request(what: str, namespace: str, name: str, call: Callable[[], Any]) -> Any:
     """One API call, its failures as ActionErrors."""
-    from kubernetes.client.exceptions import ApiException
-    from urllib3.exceptions import HTTPError
+    from aiohttp import ClientError
+    from kubernetes_asyncio.client.exceptions import ApiException
 
     try:
         return call()
@@ -70,7 +73,7 @@ def request(what: str, namespace: str, name: str, call: Callable[[], Any]) -> An
         raise ActionError(
             f"{what} {namespace}/{name}: HTTP {exc.status}: {_api_message(exc)}", EXIT_API_ERROR
         ) from None
-    except (HTTPError, OSError) as exc:
+    except (ClientError, OSError) as exc:  # TimeoutError is an OSError
         raise ActionError(f"cannot reach the apiserver: {_first_line(exc)}", EXIT_UNREACHABLE) from None
 
 
@@ -86,22 +89,29 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:300]
 
 
-def get(api: Any, namespace: str, name: str) -> dict[str, Any]:
+def get(api: BlockingKube, namespace: str, name: str) -> dict[str, Any]:
     obj: dict[str, Any] = request(
         "get",
         namespace,
         name,
-        lambda: api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name),
+        lambda: api.call(
+            lambda: api.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        ),
     )
     return obj
 
 
-def patch(api: Any, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+def patch(api: BlockingKube, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A merge patch (null removes a key)."""
     obj: dict[str, Any] = request(
         "patch",
         namespace,
         name,
-        lambda: api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, body),
+        lambda: api.call(
+            lambda: api.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, body, _content_type=MERGE_PATCH
+            )
+        ),
     )
     return obj
 
@@ -136,18 +146,16 @@ def pod_summary(pod: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def list_pods(api: Any, namespace: str | None) -> dict[str, Any]:
+def list_pods(api: BlockingKube, namespace: str | None) -> dict[str, Any]:
     """The pods of ``namespace`` (None: all) as the list call serves them (JSON)."""
-    from kubernetes import client
-
-    core = client.CoreV1Api(api.api_client)
+    core = api.core
     call = (lambda: core.list_namespaced_pod(namespace)) if namespace else core.list_pod_for_all_namespaces
-    listed = request("list pods in", namespace or "*", "*", call)
+    listed = request("list pods in", namespace or "*", "*", lambda: api.call(call))
     served: dict[str, Any] = api.api_client.sanitize_for_serialization(listed)
     return served
 
 
-def selected_pods(api: Any, namespace: str, obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def selected_pods(api: BlockingKube, namespace: str, obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The pods ``obj`` selects, by name (pod_summary). Empty where the user may not list pods."""
     try:
         listed = list_pods(api, namespace)
@@ -160,22 +168,51 @@ def selected_pods(api: Any, namespace: str, obj: dict[str, Any]) -> dict[str, di
 
 
 def watch_events(
-    api: Any, namespace: str | None, resource_version: str | None, timeout_s: int, name: str | None = None
-) -> Iterator[dict[str, Any]]:
+    api: BlockingKube,
+    namespace: str | None,
+    resource_version: str | None,
+    timeout_s: int,
+    name: str | None = None,
+) -> Generator[dict[str, Any], None, None]:
     """Watch events of the CheckpointRollouts in ``namespace`` (None: every namespace; ``name``:
     that one only) from ``resource_version``, for at most ``timeout_s``. A version too old to
     watch from comes out as one event of type GONE: the caller lists again."""
-    from kubernetes import watch
-    from kubernetes.client.exceptions import ApiException
-
     extra: dict[str, Any] = {"field_selector": f"metadata.name={name}"} if name else {}
     args: tuple[str, ...] = (
         (GROUP, VERSION, PLURAL) if namespace is None else (GROUP, VERSION, namespace, PLURAL)
     )
-    call = api.list_cluster_custom_object if namespace is None else api.list_namespaced_custom_object
-    stream = watch.Watch().stream(
-        call, *args, resource_version=resource_version, timeout_seconds=timeout_s, **extra
+    call = (
+        api.custom.list_cluster_custom_object
+        if namespace is None
+        else api.custom.list_namespaced_custom_object
     )
+    yield from _gone_as_event(
+        api.watch(call, *args, resource_version=resource_version, timeout_seconds=timeout_s, **extra)
+    )
+
+
+def watch_pod_events(
+    api: BlockingKube, namespace: str | None, resource_version: str | None, timeout_s: int
+) -> Iterator[dict[str, Any]]:
+    """watch_events' counterpart for the pods of ``namespace`` (None: every namespace), each
+    event's object as JSON."""
+    core = api.core
+    call = core.list_pod_for_all_namespaces if namespace is None else core.list_namespaced_pod
+    args = () if namespace is None else (namespace,)
+    stream = api.watch(call, *args, resource_version=resource_version, timeout_seconds=timeout_s)
+    for event in _gone_as_event(stream):
+        yield (
+            event
+            if event["type"] == "GONE"
+            else {"type": event.get("type"), "object": event.get("raw_object") or {}}
+        )
+
+
+def _gone_as_event(stream: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """The events of ``stream``; the 410 that ends a watch from a version too old as a GONE
+    event (the client raises every ERROR event)."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
     try:
         yield from stream
     except ApiException as exc:
@@ -184,43 +221,21 @@ def watch_events(
         yield {"type": "GONE"}
 
 
-def watch_pod_events(
-    api: Any, namespace: str | None, resource_version: str | None, timeout_s: int
-) -> Iterator[dict[str, Any]]:
-    """watch_events' counterpart for the pods of ``namespace`` (None: every namespace), each
-    event's object as JSON."""
-    from kubernetes import client, watch
-    from kubernetes.client.exceptions import ApiException
-
-    core = client.CoreV1Api(api.api_client)
-    call = core.list_pod_for_all_namespaces if namespace is None else core.list_namespaced_pod
-    args = () if namespace is None else (namespace,)
-    stream = watch.Watch().stream(call, *args, resource_version=resource_version, timeout_seconds=timeout_s)
-    try:
-        for event in stream:
-            yield {"type": event.get("type"), "object": event.get("raw_object") or {}}
-    except ApiException as exc:
-        if exc.status != 410:
-            raise
-        yield {"type": "GONE"}
-
-
-def list_rollouts(api: Any, namespace: str | None) -> dict[str, Any]:
+def list_rollouts(api: BlockingKube, namespace: str | None) -> dict[str, Any]:
     """The CheckpointRollouts of ``namespace`` (None: all) as the list call returns them."""
-    what = namespace or "*"
-    if namespace is None:
-        listed: dict[str, Any] = request(
-            "list", what, "*", lambda: api.list_cluster_custom_object(GROUP, VERSION, PLURAL)
-        )
-    else:
-        listed = request(
-            "list", what, "*", lambda: api.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
-        )
+    custom = api.custom
+
+    def call() -> Any:
+        if namespace is None:
+            return custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+        return custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+
+    listed: dict[str, Any] = request("list", namespace or "*", "*", lambda: api.call(call))
     return listed
 
 
 def next_change(
-    api: Any, namespace: str, name: str, obj: dict[str, Any], left: float | None
+    api: BlockingKube, namespace: str, name: str, obj: dict[str, Any], left: float | None
 ) -> dict[str, Any] | None:
     """The object after its next change, or None if none came within ``left`` (at most a minute:
     then the caller looks again)."""
@@ -228,7 +243,9 @@ def next_change(
     version = (obj.get("metadata") or {}).get("resourceVersion")
 
     def first_event() -> dict[str, Any] | None:
-        return next(watch_events(api, namespace, version, wait_s, name), None)
+        # Closed here, in this thread: the rest of the stream is not wanted.
+        with closing(watch_events(api, namespace, version, wait_s, name)) as events:
+            return next(events, None)
 
     event = request("watch", namespace, name, first_event)
     if event is None:
@@ -291,17 +308,17 @@ def _checked(action: str, obj: dict[str, Any], name: str) -> dict[str, Any]:
     return obj
 
 
-def pause(api: Any, namespace: str, name: str) -> str:
+def pause(api: BlockingKube, namespace: str, name: str) -> str:
     patch(api, namespace, name, {"spec": {"paused": True}})
     return f"{name}: paused (in-flight loads finish; no new calls)"
 
 
-def resume(api: Any, namespace: str, name: str) -> str:
+def resume(api: BlockingKube, namespace: str, name: str) -> str:
     patch(api, namespace, name, {"spec": {"paused": False}})
     return f"{name}: resumed"
 
 
-def promote(api: Any, namespace: str, name: str) -> str:
+def promote(api: BlockingKube, namespace: str, name: str) -> str:
     """Continue past the pauseAfterWave the rollout waits at (the last completed wave). The value
     names the version paused, so it promotes no later version that pauses after the same wave."""
     obj = _checked("promote", get(api, namespace, name), name)
@@ -313,7 +330,7 @@ def promote(api: Any, namespace: str, name: str) -> str:
     return f"{name}: promoted past wave {completed}"
 
 
-def skip_analysis(api: Any, namespace: str, name: str) -> str:
+def skip_analysis(api: BlockingKube, namespace: str, name: str) -> str:
     """End the running analysis as Skipped: its wave completes and the rollout goes on. The value
     names the wave and version, so it skips no later analysis (promote never skips one)."""
     obj = _checked("skip-analysis", get(api, namespace, name), name)
@@ -325,7 +342,7 @@ def skip_analysis(api: Any, namespace: str, name: str) -> str:
     return f"{name}: skipping the analysis of wave {int(wave['specIndex']) + 1}"
 
 
-def abort(api: Any, namespace: str, name: str) -> str:
+def abort(api: BlockingKube, namespace: str, name: str) -> str:
     """Roll the version being rolled out back. The value names that rollout, "<startedAt>@<version>",
     so it aborts no later rollout of the same version (the annotation stays on the CR)."""
     obj = _checked("abort", get(api, namespace, name), name)
@@ -335,7 +352,7 @@ def abort(api: Any, namespace: str, name: str) -> str:
     return f"{name}: aborting {version}; updated workers go back to the previous version"
 
 
-def retry(api: Any, namespace: str, name: str) -> str:
+def retry(api: BlockingKube, namespace: str, name: str) -> str:
     """Roll the same version out again after it ended Failed or RolledBack. An abort of that
     version is withdrawn in the same patch (an operator from before aborts named their rollout
     would stop the retry at once)."""
@@ -352,7 +369,7 @@ def retry(api: Any, namespace: str, name: str) -> str:
     return f"{name}: retrying {version} (was {phase}{'; its abort withdrawn' if aborted else ''})"
 
 
-ACTIONS: dict[str, Callable[[Any, str, str], str]] = {
+ACTIONS: dict[str, Callable[[BlockingKube, str, str], str]] = {
     "pause": pause,
     "resume": resume,
     "promote": promote,

@@ -37,6 +37,7 @@ from urllib.parse import quote, urlsplit
 from ckpt_api.constants import GROUP, PLURAL, VERSION
 from ckpt_api.versions import validate_version
 from ckpt_api.vocabulary import ConditionType
+from ckpt_rollout.io.blocking_kube import BlockingKube
 from ckpt_rollout.tools import actions
 from ckpt_rollout.tools.actions import EXIT_API_ERROR, EXIT_UNREACHABLE, ActionError
 from ckpt_rollout.tools.release import (
@@ -73,9 +74,6 @@ AGENT_INSTALL_HINT = "pip install 'ckpt-rollout[agent]'"
 # gives up without one.
 DEADLINE_GRACE_S = 60.0
 DEFAULT_PROGRESS_DEADLINE_S = 1800.0
-# Not ckpt_rollout.io.kube's: importing that registers the operator's metrics in the trainer's
-# Prometheus registry.
-_MERGE_PATCH = "application/merge-patch+json"
 _SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -150,8 +148,7 @@ class ReleaseResult:
 
 @dataclass(frozen=True)
 class _Cluster:
-    custom: Any  # CustomObjectsApi
-    core: Any  # CoreV1Api
+    kube: BlockingKube
     namespace: str
 
 
@@ -163,25 +160,24 @@ def _as_release_errors() -> Iterator[None]:
         raise ReleaseError(str(exc), exc.code) from None
 
 
+@contextmanager
 def _connect(
     kubeconfig: str | os.PathLike[str] | None, context: str | None, namespace: str | None
-) -> _Cluster:
-    """API clients of their own (the process's default kubernetes configuration is left alone:
-    a training script may use it for something else)."""
-    from kubernetes import client, config
+) -> Iterator[_Cluster]:
+    """A client of its own, closed afterwards (the process's default kubernetes configuration is
+    left alone: a training script may use it for something else)."""
+    from kubernetes_asyncio import config
 
     try:
         default = Path(os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep)[0]).expanduser()
         if kubeconfig is not None or context is not None or default.exists():
             path = None if kubeconfig is None else str(kubeconfig)
-            api = config.new_client_from_config(config_file=path, context=context)
+            kube = BlockingKube.from_kubeconfig(path, context)
             contexts, active = config.list_kube_config_contexts(config_file=path)
             chosen = next((c for c in contexts if c.get("name") == context), active)
             own = (chosen or {}).get("context", {}).get("namespace")
         else:
-            configuration = client.Configuration()
-            config.load_incluster_config(client_configuration=configuration)
-            api = client.ApiClient(configuration)
+            kube = BlockingKube.in_cluster()
             own = (
                 _SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
                 if _SERVICE_ACCOUNT_NAMESPACE.exists()
@@ -191,7 +187,8 @@ def _connect(
         raise ReleaseError(
             f"no usable kubeconfig or in-cluster credentials: {exc}", EXIT_UNREACHABLE
         ) from None
-    return _Cluster(client.CustomObjectsApi(api), client.CoreV1Api(api), namespace or own or "default")
+    with kube:
+        yield _Cluster(kube, namespace or own or "default")
 
 
 # -- publish ------------------------------------------------------------------------------------
@@ -275,10 +272,10 @@ def set_target_version(
     """Make ``version`` the rollout's target, the way the CR is owned (module docstring).
     ``digest``: the version's manifest digest, needed when the CR pins one."""
     _check_version(version)
-    cluster = _connect(kubeconfig, context, namespace)
-    with _as_release_errors():
-        obj = actions.get(cluster.custom, cluster.namespace, rollout)
-    return _set(cluster, obj, version, digest)
+    with _connect(kubeconfig, context, namespace) as cluster:
+        with _as_release_errors():
+            obj = actions.get(cluster.kube, cluster.namespace, rollout)
+        return _set(cluster, obj, version, digest)
 
 
 def _target(obj: dict[str, Any], rollout: str) -> VersionTarget:
@@ -304,12 +301,14 @@ def _set(cluster: _Cluster, obj: dict[str, Any], version: str, digest: str | Non
                 "patch",
                 cluster.namespace,
                 rollout,
-                lambda: cluster.custom.patch_namespaced_custom_object(
-                    *_cr_path(cluster.namespace),
-                    rollout,
-                    body,
-                    field_manager=FIELD_MANAGER,
-                    _content_type=_MERGE_PATCH,
+                lambda: cluster.kube.call(
+                    lambda: cluster.kube.custom.patch_namespaced_custom_object(
+                        *_cr_path(cluster.namespace),
+                        rollout,
+                        body,
+                        field_manager=FIELD_MANAGER,
+                        _content_type=actions.MERGE_PATCH,
+                    )
                 ),
             )
     return VersionSet(version, rollout, cluster.namespace, target, stale)
@@ -321,18 +320,21 @@ def _cr_path(namespace: str) -> tuple[str, str, str, str]:
 
 def _write_config_map(cluster: _Cluster, ref: ConfigMapKey, version: str) -> None:
     """Set the key, keeping the ConfigMap's other keys; create the ConfigMap if it is absent."""
-    from kubernetes.client.exceptions import ApiException
-    from urllib3.exceptions import HTTPError
+    from aiohttp import ClientError
+    from kubernetes_asyncio.client.exceptions import ApiException
 
     what = f"configmap {cluster.namespace}/{ref.name}"
+    core = cluster.kube.core
 
     def patch() -> None:
-        cluster.core.patch_namespaced_config_map(
-            ref.name,
-            cluster.namespace,
-            {"data": {ref.key: version}},
-            field_manager=FIELD_MANAGER,
-            _content_type=_MERGE_PATCH,
+        cluster.kube.call(
+            lambda: core.patch_namespaced_config_map(
+                ref.name,
+                cluster.namespace,
+                {"data": {ref.key: version}},
+                field_manager=FIELD_MANAGER,
+                _content_type=actions.MERGE_PATCH,
+            )
         )
 
     try:
@@ -343,8 +345,10 @@ def _write_config_map(cluster: _Cluster, ref: ConfigMapKey, version: str) -> Non
                 raise
             body = {"metadata": {"name": ref.name}, "data": {ref.key: version}}
             try:
-                cluster.core.create_namespaced_config_map(
-                    cluster.namespace, body, field_manager=FIELD_MANAGER
+                cluster.kube.call(
+                    lambda: core.create_namespaced_config_map(
+                        cluster.namespace, body, field_manager=FIELD_MANAGER
+                    )
                 )
             except ApiException as again:
                 if again.status != 409:  # created meanwhile by someone else: set the key in it
@@ -352,7 +356,7 @@ def _write_config_map(cluster: _Cluster, ref: ConfigMapKey, version: str) -> Non
                 patch()
     except ApiException as exc:
         raise ReleaseError(f"{what}: HTTP {exc.status}: {exc.reason}", EXIT_API_ERROR) from None
-    except (HTTPError, OSError) as exc:
+    except (ClientError, OSError) as exc:  # TimeoutError is an OSError
         raise ReleaseError(f"cannot reach the apiserver: {exc}", EXIT_UNREACHABLE) from None
 
 
@@ -374,8 +378,8 @@ def wait_for(
     (default: the CR's progressDeadlineSeconds and a minute). ``stale_stall``: VersionSet's, so
     a Stalled condition from before the version was set does not count against it."""
     _check_version(version)
-    cluster = _connect(kubeconfig, context, namespace)
-    return _wait(cluster, rollout, version, timeout, stale_stall, time.monotonic())
+    with _connect(kubeconfig, context, namespace) as cluster:
+        return _wait(cluster, rollout, version, timeout, stale_stall, time.monotonic())
 
 
 def _wait(
@@ -389,7 +393,7 @@ def _wait(
 ) -> ReleaseResult:
     ns = cluster.namespace
     with _as_release_errors():
-        obj = actions.get(cluster.custom, ns, rollout)
+        obj = actions.get(cluster.kube, ns, rollout)
         limit = _default_timeout(obj) if timeout is None else timeout
         deadline = time.monotonic() + limit
         loaded: dict[str, int] = {}
@@ -407,7 +411,7 @@ def _wait(
                     "the rollout goes on",
                     status,
                 )
-            obj = actions.next_change(cluster.custom, ns, rollout, obj, left) or obj
+            obj = actions.next_change(cluster.kube, ns, rollout, obj, left) or obj
     if not verdict.succeeded:
         raise ReleaseFailed(rollout, verdict.phase, verdict.reason, verdict.message, verdict.workers)
     status = obj.get("status") or {}
@@ -494,30 +498,30 @@ def release(
     _check_version(version)
     if source_dir is not None and not agent_installed():
         raise ReleaseError(f"publishing needs the agent's publish code: {AGENT_INSTALL_HINT}")
-    cluster = _connect(kubeconfig, context, namespace)
-    with _as_release_errors():
-        obj = actions.get(cluster.custom, cluster.namespace, rollout)
-    target = _target(obj, rollout)
-    if isinstance(target, SpecVersion) and target.pinned and source_dir is None:
-        raise ReleaseError(
-            f"checkpointrollout {rollout}: it pins spec.source.manifestDigest, and a version published "
-            "elsewhere has no digest here; publish it with release (source_dir=, --from)"
-        )
-    published = None
-    if source_dir is not None:
-        uri = str(((obj.get("spec") or {}).get("source") or {}).get("uri") or "")
-        try:
-            root = publish_dir(uri, None if publish_root is None else Path(publish_root))
-        except ValueError as exc:
-            raise ReleaseError(f"checkpointrollout {rollout}: {exc}") from None
-        published = publish(version, source_dir, root=root, link=link, progress=progress)
-        check_served(uri, version, published.digest)
-        with _as_release_errors():  # read again: publishing a big checkpoint takes a while
-            obj = actions.get(cluster.custom, cluster.namespace, rollout)
-    done = _set(cluster, obj, version, None if published is None else published.digest)
-    if not wait:
-        return done
-    return _wait(cluster, rollout, version, timeout, done.stale_stall, started, published)
+    with _connect(kubeconfig, context, namespace) as cluster:
+        with _as_release_errors():
+            obj = actions.get(cluster.kube, cluster.namespace, rollout)
+        target = _target(obj, rollout)
+        if isinstance(target, SpecVersion) and target.pinned and source_dir is None:
+            raise ReleaseError(
+                f"checkpointrollout {rollout}: it pins spec.source.manifestDigest, and a version published "
+                "elsewhere has no digest here; publish it with release (source_dir=, --from)"
+            )
+        published = None
+        if source_dir is not None:
+            uri = str(((obj.get("spec") or {}).get("source") or {}).get("uri") or "")
+            try:
+                root = publish_dir(uri, None if publish_root is None else Path(publish_root))
+            except ValueError as exc:
+                raise ReleaseError(f"checkpointrollout {rollout}: {exc}") from None
+            published = publish(version, source_dir, root=root, link=link, progress=progress)
+            check_served(uri, version, published.digest)
+            with _as_release_errors():  # read again: publishing a big checkpoint takes a while
+                obj = actions.get(cluster.kube, cluster.namespace, rollout)
+        done = _set(cluster, obj, version, None if published is None else published.digest)
+        if not wait:
+            return done
+        return _wait(cluster, rollout, version, timeout, done.stale_stall, started, published)
 
 
 def _check_version(version: str) -> None:
