@@ -29,9 +29,13 @@ def test_agent_credential_flags(
     assert config.agent_token_seconds == seconds
 
 
-def test_the_environment_names_the_account(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_account_comes_from_the_flag_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The chart passes every setting as a flag; the environment variables once read beside
+    # them are gone, so one left in a pod's env changes nothing.
     monkeypatch.setenv("CKPT_AGENT_TOKEN_SERVICEACCOUNT", "ckpt-rollout-system/ckpt-rollout")
-    assert _config().agent_token_service_account == ("ckpt-rollout-system", "ckpt-rollout")
+    assert _config().agent_token_service_account is None
+    flagged = _config("--agent-token-serviceaccount", "ckpt-rollout-system/ckpt-rollout")
+    assert flagged.agent_token_service_account == ("ckpt-rollout-system", "ckpt-rollout")
 
 
 @pytest.mark.parametrize(

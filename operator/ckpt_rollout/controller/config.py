@@ -1,4 +1,4 @@
-"""Operator settings: command-line flags, each with an environment variable for the chart."""
+"""Operator settings: command-line flags (the chart passes them as the container's args)."""
 
 import argparse
 import os
@@ -96,7 +96,6 @@ def prometheus_rules(value: str) -> tuple[SourceRule, ...]:
 
 
 def add_operator_arguments(parser: argparse.ArgumentParser) -> None:
-    env = os.environ.get
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument(
         "--namespace",
@@ -104,108 +103,102 @@ def add_operator_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         dest="namespaces",
         default=None,
-        help="watch only this namespace (repeatable); env CKPT_NAMESPACES (comma list)",
+        help="watch only this namespace (repeatable)",
     )
     scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace (default)")
-    parser.add_argument("--liveness-host", default=env("CKPT_LIVENESS_HOST", "0.0.0.0"))
-    parser.add_argument("--liveness-port", type=int, default=int(env("CKPT_LIVENESS_PORT", "8080")))
+    parser.add_argument("--liveness-host", default="0.0.0.0")
+    parser.add_argument("--liveness-port", type=int, default=8080)
     parser.add_argument(
         "--metrics-port",
         type=int,
-        default=int(env("CKPT_METRICS_PORT", "9090")),
+        default=9090,
         help="Prometheus metrics port; 0 disables",
     )
     tokens = parser.add_mutually_exclusive_group()
     tokens.add_argument(
         "--agent-token-serviceaccount",
         type=service_account,
-        default=env("CKPT_AGENT_TOKEN_SERVICEACCOUNT", ""),
+        default=None,
         metavar="NAMESPACE/NAME",
         help="mint the token presented to agents per worker namespace with TokenRequest for this "
         "ServiceAccount (the operator's own), audience AUDIENCE/NAMESPACE: a token captured in one "
-        "namespace opens no agent in another; env CKPT_AGENT_TOKEN_SERVICEACCOUNT",
+        "namespace opens no agent in another",
     )
     tokens.add_argument(
         "--agent-token-file",
-        default=env("CKPT_AGENT_TOKEN_FILE"),
+        default=None,
         help="legacy: one projected token presented to the agents of every namespace",
     )
     parser.add_argument(
         "--agent-token-seconds",
         type=token_seconds,
-        default=env("CKPT_AGENT_TOKEN_SECONDS", str(DEFAULT_TOKEN_SECONDS)),
-        help="lifetime asked for each minted agent token (renewed at 80%%); env CKPT_AGENT_TOKEN_SECONDS",
+        default=DEFAULT_TOKEN_SECONDS,
+        help="lifetime asked for each minted agent token (renewed at 80%%)",
     )
     parser.add_argument(
         "--agent-audience",
-        default=env("CKPT_AGENT_AUDIENCE", DEFAULT_AGENT_AUDIENCE),
+        default=DEFAULT_AGENT_AUDIENCE,
         help="base of the agents' audiences (minted tokens: AUDIENCE/NAMESPACE)",
     )
     parser.add_argument(
         "--agent-timeout",
         type=float,
-        default=float(env("CKPT_AGENT_TIMEOUT", "10")),
+        default=10.0,
         help="seconds for one HTTP call to an agent",
     )
     tls = parser.add_mutually_exclusive_group()
     tls.add_argument(
         "--agent-ca-file",
-        default=env("CKPT_AGENT_CA_FILE") or None,
+        default=None,
         help="CA bundle agents' serving certificates chain to (https, verified for "
-        "ckpt-rollout-agent.NAMESPACE.svc; re-read when it changes); env CKPT_AGENT_CA_FILE",
+        "ckpt-rollout-agent.NAMESPACE.svc; re-read when it changes)",
     )
     tls.add_argument(
         "--agent-plain-http",
         action="store_true",
-        default=env("CKPT_AGENT_PLAIN_HTTP", "") == "true",
-        help="call agents over plain http (agents run --plain-http; local development only); "
-        "env CKPT_AGENT_PLAIN_HTTP",
+        help="call agents over plain http (agents run --plain-http; local development only)",
     )
     parser.add_argument(
         "--prometheus-url",
         type=prometheus_url,
-        default=env("CKPT_PROMETHEUS_URL", ""),
-        help="Prometheus for spec.strategy.analysis when a CR names none; env CKPT_PROMETHEUS_URL",
+        default=None,
+        help="Prometheus for spec.strategy.analysis when a CR names none",
     )
     parser.add_argument(
         "--allowed-prometheus",
         type=prometheus_rules,
-        default=env("CKPT_ALLOWED_PROMETHEUS", ""),
+        default=(),
         help="comma-separated http(s)://host[:port][/path] rules a rollout's "
         "spec.strategy.analysis.prometheusAddress must match (host: a name, *.domain or a CIDR "
-        "of addresses written as such); default: the --prometheus-url only; env CKPT_ALLOWED_PROMETHEUS",
+        "of addresses written as such); default: the --prometheus-url only",
     )
     parser.add_argument(
         "--allowed-sources",
         type=source_rules,
-        default=env("CKPT_ALLOWED_SOURCES", ""),
+        default=[],
         help="comma-separated scheme://host[:port][/path] rules a rollout's source.uri must match "
-        "(host: a name, *.domain, * or a CIDR); default any; env CKPT_ALLOWED_SOURCES",
+        "(host: a name, *.domain, * or a CIDR); default any",
     )
     parser.add_argument(
         "--allow-link-local-sources",
         action="store_true",
-        default=env("CKPT_ALLOW_LINK_LOCAL_SOURCES", "") == "true",
         help="let rollouts name link-local sources (169.254.0.0/16, fe80::/10: cloud metadata)",
     )
-    parser.add_argument(
-        "--leader-election", action="store_true", default=env("CKPT_LEADER_ELECTION", "") == "true"
-    )
-    parser.add_argument("--lease-namespace", default=env("CKPT_LEASE_NAMESPACE") or env("POD_NAMESPACE"))
+    parser.add_argument("--leader-election", action="store_true")
+    # The chart's pod gets POD_NAMESPACE from the downward API: --leader-election alone (in
+    # extraArgs) takes the Lease in the operator's own namespace.
+    parser.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE"))
     parser.add_argument(
         "--log-format",
         choices=("text", "json"),
-        default=env("CKPT_LOG_FORMAT", "text"),
-        help="json: one object per line (kopf's JSON format); env CKPT_LOG_FORMAT",
+        default="text",
+        help="json: one object per line (kopf's JSON format)",
     )
 
 
 def config_from_args(args: argparse.Namespace) -> OperatorConfig:
-    namespaces = args.namespaces
-    if namespaces is None and not args.all_namespaces:
-        namespaces = [n for n in os.environ.get("CKPT_NAMESPACES", "").split(",") if n]
     return OperatorConfig(
-        namespaces=namespaces or [],
+        namespaces=args.namespaces or [],
         liveness_host=args.liveness_host,
         liveness_port=args.liveness_port,
         metrics_port=args.metrics_port,
