@@ -17,10 +17,12 @@ from ckpt_api import vocabulary
 from ckpt_api.status import CheckpointRolloutStatus
 
 ROOT = Path(__file__).resolve().parents[1]
-# Where a retyped word would drift from the shared one: the operator, the agent, the harness.
+# Where a retyped word would drift from the shared one: the operator, the agent, the checkpoint
+# publisher, the harness.
 SCANNED = [
     ROOT / "operator" / "ckpt_rollout",
     ROOT / "worker_image" / "ckpt_agent",
+    ROOT / "worker_image" / "ckpt_source",
     ROOT / "e2e" / "ckpt_e2e",
 ]
 

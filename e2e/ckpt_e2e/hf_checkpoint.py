@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from safetensors import TensorSpec, serialize_file
 
-from ckpt_agent.formats.dtypes import FRAMEWORK_NAMES, nbytes_of
+from ckpt_source.dtypes import FRAMEWORK_NAMES, nbytes_of
 
 FP8_BLOCK = 32
 

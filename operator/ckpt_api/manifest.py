@@ -33,6 +33,7 @@ Compatibility, for publishers and readers of different ages:
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -112,6 +113,18 @@ MAX_RANK = 16
 def is_valid_file_name(name: str) -> bool:
     """A file name a version may hold: one path component, no '..', not the manifest itself."""
     return bool(_FILE_NAME.fullmatch(name)) and ".." not in name and name != MANIFEST_NAME
+
+
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def manifest_digest(raw: bytes) -> str:
+    """The digest `spec.source.manifestDigest` pins: the sha256 of the manifest's exact bytes."""
+    return "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
+def is_valid_digest(value: str) -> bool:
+    return bool(_DIGEST.fullmatch(value))
 
 
 def tensor_nbytes(dtype: str, shape: tuple[int, ...] | list[int]) -> int:

@@ -20,16 +20,16 @@ import aiohttp
 import xxhash
 
 from ckpt_agent.config import AuthConfig
-from ckpt_agent.formats.manifest import manifest_digest, parse_manifest
+from ckpt_agent.formats.manifest import parse_manifest
 from ckpt_agent.formats.synth import (
     ReferenceModelSpec,
     expected_infer_output,
     published_reference,
     write_reference_checkpoint,
 )
-from ckpt_agent.source.publish import publish
 from ckpt_api.agent_api import PREFER_HEADER, RESPOND_ASYNC
-from ckpt_api.manifest import MANIFEST_NAME, ExtraFileRecord, encode_manifest
+from ckpt_api.manifest import MANIFEST_NAME, ExtraFileRecord, encode_manifest, manifest_digest
+from ckpt_source.publish import publish
 
 SPEC = ReferenceModelSpec(hidden=32, layers=3, outputs=8)
 # What makes an update_weights asynchronous without a `rollout` (202, then poll /v1/status).

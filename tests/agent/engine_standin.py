@@ -27,7 +27,7 @@ import numpy as np
 from aiohttp import web
 from safetensors import deserialize, safe_open
 
-from ckpt_agent.formats.dtypes import PACKED, numpy_dtype
+from ckpt_source.dtypes import PACKED, numpy_dtype
 
 UNINITIALISED = "<uninitialised>"  # a tensor an interrupted reload left without values
 

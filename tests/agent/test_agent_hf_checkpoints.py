@@ -26,10 +26,10 @@ from ckpt_agent.cli import build_parser, config_from_args
 from ckpt_agent.config import AgentConfig, AuthConfig, ConfigError, TLSConfig
 from ckpt_agent.engines.boot_checkpoint import BootCheckpointError
 from ckpt_agent.engines.paddle_tensors import read_bytes, supported_dtypes, tensor_from_bytes
-from ckpt_agent.formats.dtypes import nbytes_of
-from ckpt_agent.formats.safetensors_format import write_file
 from ckpt_api.manifest import TensorRecord
 from ckpt_e2e.hf_checkpoint import HFCheckpoint, Tensor, llama_like, write_safetensors
+from ckpt_source.dtypes import nbytes_of
+from ckpt_source.safetensors_format import write_file
 
 INDEX = "model.safetensors.index.json"
 STANDINS: dict[str, Any] = {"sglang": SGLangStandIn, "vllm": VLLMStandIn}

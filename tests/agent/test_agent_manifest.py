@@ -10,7 +10,7 @@ import pytest
 from agent_testkit import Tree
 
 from ckpt_agent.common.errors import LoadError, Reason
-from ckpt_agent.formats.manifest import manifest_digest, parse_manifest
+from ckpt_agent.formats.manifest import parse_manifest
 from ckpt_agent.pipeline.reader import plan_runs
 from ckpt_api.manifest import (
     CHECKSUM_ALGORITHM,
@@ -19,6 +19,7 @@ from ckpt_api.manifest import (
     ShardRecord,
     TensorRecord,
     encode_manifest,
+    manifest_digest,
 )
 
 

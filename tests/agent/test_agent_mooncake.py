@@ -15,12 +15,13 @@ import pytest
 from agent_testkit import AgentFactory, Tree, close_to, truncate_shard
 
 from ckpt_agent.common.errors import LoadError, Reason
-from ckpt_agent.formats.manifest import DEFAULT_MAX_MANIFEST_BYTES, manifest_digest
+from ckpt_agent.formats.manifest import DEFAULT_MAX_MANIFEST_BYTES
 from ckpt_agent.server.httpserver import AppServer
 from ckpt_agent.source.serve import create_source_app
 from ckpt_agent.transport.mooncake import runtime
 from ckpt_agent.transport.mooncake.client import MooncakeTransport
 from ckpt_agent.transport.mooncake.export import directory_exports
+from ckpt_api.manifest import manifest_digest
 
 MooncakeSource = Callable[[Path], Awaitable[str]]
 

@@ -20,9 +20,8 @@ from agent_testkit import (
     static_token_agent,
 )
 
-from ckpt_agent.formats.manifest import manifest_digest
 from ckpt_agent.pipeline.load_job import LoadJob
-from ckpt_api.manifest import MANIFEST_NAME
+from ckpt_api.manifest import MANIFEST_NAME, manifest_digest
 
 
 def _rewrite_manifest(tree: Tree, version: str, edit: Any) -> str:

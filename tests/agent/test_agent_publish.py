@@ -16,7 +16,7 @@ from safetensors.numpy import load_file, save_file
 from ckpt_agent.cli import add_commands
 from ckpt_agent.formats.manifest import parse_manifest
 from ckpt_agent.formats.synth import load_published_tensors, write_reference_checkpoint
-from ckpt_agent.source.publish import PublishError, publish
+from ckpt_source.publish import PublishError, publish
 
 
 def _cli(argv: list[str]) -> argparse.Namespace:

@@ -16,7 +16,6 @@ from agent_testkit import Tree, corrupt_tensor, truncate_shard
 
 from ckpt_agent.common.errors import LoadError, Reason
 from ckpt_agent.formats.manifest import parse_manifest
-from ckpt_agent.formats.safetensors_format import write_file
 from ckpt_agent.pipeline.reader import (
     MAX_EXTRA_FILE_BYTES,
     LoadProgress,
@@ -26,6 +25,7 @@ from ckpt_agent.pipeline.reader import (
 )
 from ckpt_agent.transport import open_transport
 from ckpt_api.manifest import ExtraFileRecord, ManifestDocument, TensorRecord
+from ckpt_source.safetensors_format import write_file
 
 Source = Callable[[Path], Awaitable[str]]
 # Sizes around the read-ahead's bounds: under 2 MiB inline, one chunk split in two, several chunks.

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ckpt_agent.formats.dtypes import BITS, ITEM_SIZES
 from ckpt_agent.pipeline.finite import (
     BLOCK_BYTES,
     CHECKED_DTYPES,
@@ -19,6 +18,7 @@ from ckpt_agent.pipeline.finite import (
     can_hold_non_finite,
     first_non_finite,
 )
+from ckpt_source.dtypes import BITS, ITEM_SIZES
 
 # (dtype, bits, expected kind or None for finite). Spelt out per format, from its definition.
 PATTERNS: list[tuple[str, int, str | None]] = [

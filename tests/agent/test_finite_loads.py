@@ -15,11 +15,11 @@ from disk_engine_kit import disk_agent, holds, standins
 from fastdeploy_standin import FastDeployStandIn
 from sglang_standin import SGLangStandIn
 
-from ckpt_agent.formats.dtypes import ITEM_SIZES
 from ckpt_agent.formats.synth import write_reference_checkpoint
 from ckpt_agent.pipeline.pause_gate import LOAD
 from ckpt_api.manifest import TensorRecord
 from ckpt_e2e.hf_checkpoint import HFCheckpoint, Tensor, llama_like, write_safetensors
+from ckpt_source.dtypes import ITEM_SIZES
 
 FINITE = {"checks": {"finite": True}}
 POISONED = "layers.1.weight"  # synth's poison: NaN at the middle element

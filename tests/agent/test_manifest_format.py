@@ -14,8 +14,7 @@ import pytest
 from safetensors import safe_open
 
 from ckpt_agent.common.errors import LoadError, Reason
-from ckpt_agent.formats.dtypes import BITS, ITEM_SIZES, PACKED, from_numpy, nbytes_of, numpy_dtype
-from ckpt_agent.formats.manifest import is_valid_digest, parse_manifest
+from ckpt_agent.formats.manifest import parse_manifest
 from ckpt_api.manifest import (
     CHECKSUM_ALGORITHM,
     DTYPE_BITS,
@@ -25,8 +24,10 @@ from ckpt_api.manifest import (
     ShardRecord,
     TensorRecord,
     encode_manifest,
+    is_valid_digest,
     render_schema,
 )
+from ckpt_source.dtypes import BITS, ITEM_SIZES, PACKED, from_numpy, nbytes_of, numpy_dtype
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_FILE = ROOT / "operator" / "ckpt_api" / "manifest.schema.json"

@@ -9,7 +9,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from ckpt_agent.common.errors import LoadError
-from ckpt_agent.formats.manifest import manifest_digest, parse_manifest
+from ckpt_agent.formats.manifest import parse_manifest
 from ckpt_api.manifest import (
     CHECKSUM_ALGORITHM,
     DTYPE_BITS,
@@ -19,6 +19,7 @@ from ckpt_api.manifest import (
     ShardRecord,
     TensorRecord,
     encode_manifest,
+    manifest_digest,
     tensor_nbytes,
 )
 

@@ -25,12 +25,12 @@ import pytest
 import xxhash
 
 from ckpt_agent.cli import add_commands
-from ckpt_agent.formats.dtypes import BITS, FRAMEWORK_NAMES
 from ckpt_agent.formats.manifest import parse_manifest
-from ckpt_agent.formats.safetensors_format import encode_header, read_header
-from ckpt_agent.source.publish import PublishError, publish_version
 from ckpt_api.manifest import ManifestDocument, render_schema
 from ckpt_e2e.hf_checkpoint import HFCheckpoint, Tensor, llama_like, write_safetensors
+from ckpt_source.dtypes import BITS, FRAMEWORK_NAMES
+from ckpt_source.publish import PublishError, publish_version
+from ckpt_source.safetensors_format import encode_header, read_header
 
 INDEX = "model.safetensors.index.json"
 

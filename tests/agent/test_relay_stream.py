@@ -19,8 +19,8 @@ from ckpt_agent.formats.synth import ReferenceModelSpec, write_reference_checkpo
 from ckpt_agent.pipeline.relay_copy import RelayCopy
 from ckpt_agent.pipeline.staging import StagingArea
 from ckpt_agent.server.relay_routes import add_relay_routes
-from ckpt_agent.source.publish import publish
 from ckpt_api.manifest import MANIFEST_NAME, ManifestDocument
+from ckpt_source.publish import publish
 
 VERSION = "v1"
 # Layers of 3 x 1 MiB + 1 KiB (float32 rows of 769): tensors straddle the relay's 1 MiB pieces.

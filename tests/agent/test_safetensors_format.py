@@ -13,8 +13,8 @@ import pytest
 from safetensors import deserialize, safe_open
 from safetensors.numpy import save_file
 
-from ckpt_agent.formats.dtypes import BITS
-from ckpt_agent.formats.safetensors_format import (
+from ckpt_source.dtypes import BITS
+from ckpt_source.safetensors_format import (
     encode_header,
     read_header,
     read_header_with_metadata,

@@ -52,7 +52,7 @@ def _add_model_shape_arguments(p: argparse.ArgumentParser, context: str) -> None
 def _publish(args: argparse.Namespace) -> int:
     import tempfile
 
-    from ckpt_agent.source.publish import PublishError, read_reference
+    from ckpt_source.publish import PublishError, read_reference
 
     if (args.src is None) == (args.example is None):
         print("ckpt-rollout publish: give SRC or --example SEED (one of the two)", file=sys.stderr)
@@ -76,8 +76,8 @@ def _publish(args: argparse.Namespace) -> int:
 def _publish_from(args: argparse.Namespace, src: Path, reference: ReferenceRecord | None) -> int:
     import json
 
-    from ckpt_agent.source.publish import PublishError, publish_version
-    from ckpt_agent.source.publish.progress import Bar, Lines, Reporter
+    from ckpt_source.publish import PublishError, publish_version
+    from ckpt_source.publish.progress import Bar, Lines, Reporter
 
     # A terminal gets a live bar; logs and CI get one line per file, both on stderr so stdout
     # stays the digest (or the --json summary) that scripts read.

@@ -37,14 +37,14 @@ import xxhash
 
 from ckpt_agent.engines.base import LoadJob
 from ckpt_agent.formats.manifest import parse_manifest
-from ckpt_agent.formats.safetensors_format import write_file
 from ckpt_agent.pipeline.compat import ParamSpec
 from ckpt_agent.pipeline.finite import FiniteScan
 from ckpt_agent.pipeline.loader import ApplyFn, InProcessLoader
 from ckpt_agent.pipeline.pause_gate import PauseGate
 from ckpt_agent.pipeline.reader import LoadProgress
-from ckpt_agent.source.publish import publish_version
 from ckpt_api.manifest import MANIFEST_NAME, TensorRecord
+from ckpt_source.publish import publish_version
+from ckpt_source.safetensors_format import write_file
 
 GB = 1e9
 MiB = 1 << 20

@@ -36,11 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from ckpt_agent.formats.synth import ReferenceModelSpec, write_reference_checkpoint
-from ckpt_agent.source.publish import publish
 from ckpt_e2e.bench.fleet_ctl import SINK_READY
 from ckpt_e2e.bench.fleet_plan import WaveMode
 from ckpt_e2e.bench.netns import NetnsError, Topology, missing_prerequisites, sweep_stale
 from ckpt_e2e.procs import wait_for
+from ckpt_source.publish import publish
 
 SOURCE_PORT = 8090
 AGENT_PORT = 8089

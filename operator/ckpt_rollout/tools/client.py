@@ -7,8 +7,9 @@ set it as a CheckpointRollout's target, wait until the fleet serves it.
     print(result.summary)
 
 Needs only the operator's dependencies (the Kubernetes client), except `publish`, which runs
-the agent's publish code and so needs `pip install 'ckpt-rollout[agent]'` (the operator image
-lacks it: there, `set_target_version` and `wait_for` work, `publish` says what to install).
+the checkpoint publisher (`ckpt_source`, which the agent also uses) and so needs
+`pip install 'ckpt-rollout[agent]'` for its numpy and xxhash (the operator image lacks it: there,
+`set_target_version` and `wait_for` work, `publish` says what to install).
 
 The version is set the way the CR is owned: a CR with spec.versionFrom gets the version in its
 ConfigMap key (the ConfigMap created if absent); any other gets a merge patch of spec.version
@@ -69,7 +70,9 @@ __all__ = [
 ]
 
 EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT = 1, 2, 7
-AGENT_INSTALL_HINT = "pip install 'ckpt-rollout[agent]'"
+PUBLISHER_MISSING = (
+    "publishing needs the checkpoint publisher (ckpt_source): pip install 'ckpt-rollout[agent]'"
+)
 # Past the CR's own progress deadline (which fails the rollout with its reason) before a wait
 # gives up without one.
 DEADLINE_GRACE_S = 60.0
@@ -194,8 +197,8 @@ def _connect(
 # -- publish ------------------------------------------------------------------------------------
 
 
-def agent_installed() -> bool:
-    return importlib.util.find_spec("ckpt_agent") is not None
+def publisher_installed() -> bool:
+    return importlib.util.find_spec("ckpt_source") is not None
 
 
 def publish(
@@ -211,10 +214,10 @@ def publish(
     never overwriting; ReleaseError naming the file for a checkpoint that cannot be published,
     and nothing is left under ``root`` then. ``progress``: report on stderr as `publish` does."""
     _check_version(version)
-    if not agent_installed():
-        raise ReleaseError(f"publishing needs the agent's publish code: {AGENT_INSTALL_HINT}")
-    from ckpt_agent.source.publish import PublishError, publish_version
-    from ckpt_agent.source.publish.progress import Bar, Lines, Reporter, Silent
+    if not publisher_installed():
+        raise ReleaseError(PUBLISHER_MISSING)
+    from ckpt_source.publish import PublishError, publish_version
+    from ckpt_source.publish.progress import Bar, Lines, Reporter, Silent
 
     reporter: Reporter = Silent()
     if progress:
@@ -491,13 +494,13 @@ def release(
     already), set it as the target, and (``wait``) return once the fleet serves it. Where to
     publish: ``publish_root``, else a file:// source's directory; an http(s) or mooncake source
     needs ``publish_root`` (the directory `ckpt-rollout serve` serves). Everything is checked
-    before anything is written: a bad version, an absent agent package, a CR release cannot
+    before anything is written: a bad version, an absent publisher package, a CR release cannot
     drive, a source it cannot publish to raise ReleaseError with nothing changed. Without
     ``wait``: the VersionSet."""
     started = time.monotonic()
     _check_version(version)
-    if source_dir is not None and not agent_installed():
-        raise ReleaseError(f"publishing needs the agent's publish code: {AGENT_INSTALL_HINT}")
+    if source_dir is not None and not publisher_installed():
+        raise ReleaseError(PUBLISHER_MISSING)
     with _connect(kubeconfig, context, namespace) as cluster:
         with _as_release_errors():
             obj = actions.get(cluster.kube, cluster.namespace, rollout)

@@ -17,9 +17,9 @@ import xxhash
 
 from ckpt_agent.common.errors import LoadError
 from ckpt_agent.formats.manifest import parse_manifest
-from ckpt_agent.formats.safetensors_format import read_header
 from ckpt_agent.pipeline.staging_dir import INDEX_NAME
 from ckpt_api.manifest import MANIFEST_NAME
+from ckpt_source.safetensors_format import read_header
 
 
 class BootCheckpointError(ValueError):

@@ -17,12 +17,11 @@ from typing import Any
 import numpy as np
 import paddle
 
-from ckpt_agent.formats.dtypes import FRAMEWORK_NAMES, ITEM_SIZES
+from ckpt_source.dtypes import BY_PADDLE_NAME, FRAMEWORK_NAMES, ITEM_SIZES
 
 # Every dtype a framework names is a candidate; which ones this paddle really holds is found by
 # trying (`supported_dtypes`): F8_E8M0, the FNUZ float8s and F4 have no paddle dtype at all.
 _CANDIDATES: dict[str, str] = {st: name for st, name in FRAMEWORK_NAMES.items() if st in ITEM_SIZES}
-_BY_PADDLE_NAME = {f"paddle.{attr}": name for name, attr in _CANDIDATES.items()}
 
 
 def paddle_dtype(dtype: str) -> Any:
@@ -35,7 +34,7 @@ def paddle_dtype(dtype: str) -> Any:
 
 def safetensors_dtype(tensor: Any) -> str:
     """The safetensors name of a paddle tensor's dtype; KeyError for one safetensors lacks."""
-    return _BY_PADDLE_NAME[str(tensor.dtype)]
+    return BY_PADDLE_NAME[str(tensor.dtype)]
 
 
 def write_bytes(tensor: Any, data: memoryview | bytes) -> None:

@@ -6,7 +6,6 @@ from typing import Any
 
 import paddle
 
-from ckpt_agent.engines import paddle_tensors
 from ckpt_agent.formats.synth import ReferenceModelSpec
 
 
@@ -28,8 +27,3 @@ def build_model(spec: ReferenceModelSpec) -> ReferenceMLP:
     model = ReferenceMLP(spec)
     model.eval()
     return model
-
-
-def safetensors_dtype(tensor: Any) -> str:
-    """The safetensors name of a paddle tensor's dtype (publishing a paddle state dict uses it)."""
-    return paddle_tensors.safetensors_dtype(tensor)

@@ -1,2 +1,2 @@
-"""Formats every layer shares: the checkpoint manifest, safetensors, dtypes, and the synthetic
-reference checkpoint."""
+"""Formats every agent layer shares: the manifest as the agent reads it and the synthetic
+reference checkpoint (safetensors and dtypes are `ckpt_source`'s)."""

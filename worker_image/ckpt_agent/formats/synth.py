@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ckpt_agent.formats.dtypes import numpy_dtype
 from ckpt_agent.formats.manifest import parse_manifest
-from ckpt_agent.formats.safetensors_format import write_file
 from ckpt_api.manifest import MANIFEST_NAME, ReferenceRecord
+from ckpt_source.dtypes import numpy_dtype
+from ckpt_source.safetensors_format import write_file
 
 
 @dataclass(frozen=True)

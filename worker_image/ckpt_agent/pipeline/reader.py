@@ -33,10 +33,10 @@ from typing import Protocol
 import xxhash
 
 from ckpt_agent.common.errors import LoadError, Reason
-from ckpt_agent.formats.manifest import manifest_digest, parse_manifest
+from ckpt_agent.formats.manifest import parse_manifest
 from ckpt_agent.pipeline.finite import FiniteScan, can_hold_non_finite
 from ckpt_agent.transport import ByteStream, Transport, is_untrusted
-from ckpt_api.manifest import ManifestDocument, TensorRecord
+from ckpt_api.manifest import ManifestDocument, TensorRecord, manifest_digest
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 # Gaps between tensors up to this size are read and dropped instead of opening a new range.

@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from ckpt_agent.common.errors import LoadError, Reason
-from ckpt_agent.formats.safetensors_format import encode_header, read_header
 from ckpt_api.manifest import ManifestDocument, TensorRecord
+from ckpt_source.safetensors_format import encode_header, read_header
 
 CONFIG_NAME = "config.json"
 INDEX_NAME = "model.safetensors.index.json"  # transformers' SAFE_WEIGHTS_INDEX_NAME

@@ -1,2 +1,1 @@
-"""The checkpoint source, a component of its own: `publish` (write a version with its manifest)
-and `serve` (the HTTP/Mooncake source server)."""
+"""The agent's checkpoint source server (`serve`); what it serves is written by `ckpt_source`."""

@@ -76,6 +76,13 @@ _FROM_NUMPY: dict[str, str] = {
 # the numpy names above, plus F4's packed pair type. F6 has none anywhere.
 FRAMEWORK_NAMES: dict[str, str] = {st: name for name, st in _FROM_NUMPY.items()} | {"F4": "float4_e2m1fn_x2"}
 
+# The safetensors name of each dtype a paddle tensor may carry, keyed by str(tensor.dtype): a
+# plain table, so publishing a paddle state dict needs no agent code and this module no paddle.
+# Which of these a given paddle build really holds is the engine's question (paddle_tensors).
+BY_PADDLE_NAME: dict[str, str] = {
+    f"paddle.{name}": st for st, name in FRAMEWORK_NAMES.items() if st in ITEM_SIZES
+}
+
 
 def is_known(dtype: str) -> bool:
     return dtype in BITS

@@ -25,21 +25,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ckpt_agent.formats.manifest import manifest_digest
-from ckpt_agent.source.publish.hashing import Span, default_threads, hash_spans
-from ckpt_agent.source.publish.placing import COPY_METHODS, LINK_METHODS, WRITTEN, place
-from ckpt_agent.source.publish.progress import Reporter, Silent
-from ckpt_agent.source.publish.sources import (
-    GENERATED_INDEX,
-    PublishError,
-    SourceFile,
-    SourcePlan,
-    generated_index,
-    plan_directory,
-    plan_file,
-    shard_header,
-)
-from ckpt_agent.source.publish.state_dict import write_state_dict
 from ckpt_api.manifest import (
     CHECKSUM_ALGORITHM,
     FORMAT_VERSION,
@@ -50,8 +35,23 @@ from ckpt_api.manifest import (
     ShardRecord,
     TensorRecord,
     encode_manifest,
+    manifest_digest,
 )
 from ckpt_api.versions import validate_version
+from ckpt_source.publish.hashing import Span, default_threads, hash_spans
+from ckpt_source.publish.placing import COPY_METHODS, LINK_METHODS, WRITTEN, place
+from ckpt_source.publish.progress import Reporter, Silent
+from ckpt_source.publish.sources import (
+    GENERATED_INDEX,
+    PublishError,
+    SourceFile,
+    SourcePlan,
+    generated_index,
+    plan_directory,
+    plan_file,
+    shard_header,
+)
+from ckpt_source.publish.state_dict import write_state_dict
 
 __all__ = [
     "DEFAULT_SHARD_BYTES",

@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 
 from safetensors import SafetensorError, safe_open
 
-from ckpt_agent.formats.dtypes import is_known, nbytes_of
+from ckpt_source.dtypes import is_known, nbytes_of
 
 # The safetensors library refuses longer headers; so do we, before reading one into memory.
 MAX_HEADER_BYTES = 100_000_000

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from ckpt_agent.formats.dtypes import from_numpy
-from ckpt_agent.formats.safetensors_format import write_file
-from ckpt_agent.source.publish.sources import PublishError
+from ckpt_source.dtypes import BY_PADDLE_NAME, from_numpy
+from ckpt_source.publish.sources import PublishError
+from ckpt_source.safetensors_format import write_file
 
 Array = tuple[str, str, np.ndarray[Any, Any]]
 
@@ -25,7 +25,6 @@ def _arrays(src: Path) -> list[Array]:
         raise PublishError(
             f"{src}: publishing a paddle state dict needs paddle (install ckpt-rollout[paddle])"
         ) from None
-    from ckpt_agent.engines.reference_model import safetensors_dtype
 
     try:
         state = paddle.load(str(src))
@@ -40,7 +39,7 @@ def _arrays(src: Path) -> list[Array]:
     for name, value in state.items():
         if isinstance(value, paddle.Tensor):
             try:
-                dtype = safetensors_dtype(value)
+                dtype = BY_PADDLE_NAME[str(value.dtype)]
             except KeyError:
                 raise PublishError(
                     f"{src}: tensor {name!r} has dtype {value.dtype}, which safetensors cannot hold"

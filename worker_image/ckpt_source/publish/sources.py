@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ckpt_agent.formats.safetensors_format import StoredTensor, read_header
 from ckpt_api.manifest import MANIFEST_NAME, is_valid_file_name
+from ckpt_source.safetensors_format import StoredTensor, read_header
 
 INDEX_SUFFIX = ".safetensors.index.json"
 GENERATED_INDEX = "model.safetensors.index.json"
