@@ -16,11 +16,9 @@ confirms it. If that fails too, or there is nothing to reload, the load fails wi
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import secrets
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,14 +27,13 @@ from ckpt_agent.common.errors import LoadError, Reason
 from ckpt_agent.engines.base import LoadJob, LoadOutcome
 from ckpt_agent.engines.engine_http import EngineHttp, timed_generation
 from ckpt_agent.formats.manifest import DEFAULT_MAX_MANIFEST_BYTES
-from ckpt_agent.pipeline.pause_gate import LOAD, WEIGHTS_LOST, PauseGate
-from ckpt_agent.pipeline.pull import checksum_verified, open_version, pull_into
-from ckpt_agent.pipeline.reader import DEFAULT_CHUNK_BYTES, LoadProgress, read_extra_files
+from ckpt_agent.pipeline.pause_gate import WEIGHTS_LOST, PauseGate
+from ckpt_agent.pipeline.reader import DEFAULT_CHUNK_BYTES, LoadProgress
 from ckpt_agent.pipeline.relay_copy import RelayCopy
 from ckpt_agent.pipeline.relay_peer import is_peer_fault
+from ckpt_agent.pipeline.sequence import Load, run_load
 from ckpt_agent.pipeline.smoke import Verdict
 from ckpt_agent.pipeline.staging_dir import StagedDirectory, sweep_orphans
-from ckpt_agent.transport import Transport
 from ckpt_api.agent_api import HealthCheckRequest
 from ckpt_api.manifest import ManifestDocument, ReferenceRecord
 
@@ -90,6 +87,10 @@ class DiskStagedEngine:
     supports_infer = False
     # The check generates through the server's own API, which its pause holds back.
     checks_while_paused = False
+    pulls_weights_itself = False
+    # The engine's own /health would route traffic to weights nobody can vouch for.
+    pauses_lost_weights = True
+    relays_while_staging = False  # the relay serves the staged directory once the load lands
 
     def __init__(
         self,
@@ -109,9 +110,9 @@ class DiskStagedEngine:
         self._control_timeout = control_timeout
         self._update_timeout = update_timeout
         self._probe_timeout = probe_timeout
-        self._chunk = chunk_bytes
-        self._max_manifest = max_manifest_bytes
-        self._parallelism = parallelism
+        self.chunk_bytes = chunk_bytes
+        self.max_manifest_bytes = max_manifest_bytes
+        self.parallelism = parallelism
         self._relay = relay
         self.load_format: str | None = None  # what staged versions are loaded with (None: engine's)
         self._live: StagedDirectory | None = None  # the staged copy of the live version
@@ -174,7 +175,7 @@ class DiskStagedEngine:
 
     async def load(self, job: LoadJob, gate: PauseGate, progress: LoadProgress) -> LoadOutcome:
         try:
-            return await self._load(job, gate, progress)
+            return await run_load(self, job, gate, progress)
         except LoadError as exc:
             # The service would take any other failure to mean the previous weights still
             # serve; after a loss that is false until a load succeeds. A peer fault stays as it
@@ -188,88 +189,67 @@ class DiskStagedEngine:
                 weights_lost=True,
             ) from exc
 
-    async def _load(self, job: LoadJob, gate: PauseGate, progress: LoadProgress) -> LoadOutcome:
+    # -- LoadSteps -------------------------------------------------------------------------------
+    async def prepare(self, job: LoadJob) -> None:
         # Before pulling any byte: a misconfigured or absent engine fails the load cheaply.
         await self._ensure_probed(self._control_timeout)
-        transport, manifest, digest, raw = await open_version(job, self._max_manifest)
-        verified = checksum_verified(job, transport)
+
+    def check(self, manifest: ManifestDocument) -> None:
+        pass  # the staged directory is checked loadable before any tensor byte is pulled
+
+    def staging(self, load: Load) -> StagedDirectory:
+        self._move_live_copy_aside(load.job.version)
+        staged = StagedDirectory(self.staging_root, load.document, load.extra)
         try:
-            progress.bytes_total = manifest.tensor_bytes
-            extra = await asyncio.to_thread(
-                read_extra_files, transport, manifest, cancelled=job.cancel.is_set
-            )
-            self._move_live_copy_aside(job.version)
-            staged = await asyncio.to_thread(self._stage, transport, manifest, extra, job, progress)
-        finally:
-            transport.close()
-        target = DiskWeights(job.version, str(staged.path), self.load_format)
-        paused = False
-        failure: LoadError | None = None
-        try:
-            async with gate.hold(LOAD):
-                paused = True
-                failure = await self._apply_or_restore(target, gate)
-        except LoadError as exc:
-            staged.release()
-            if not paused:  # the pause failed: nothing was touched
-                raise
-            # The resume failed: the engine may be gone, or stay paused with whatever it holds.
-            self._forget_live()
-            loaded = failure.message if failure is not None else f"{job.version} loaded and confirmed"
-            raise LoadError(
-                failure.reason if failure is not None else exc.reason,
-                f"{loaded}, but resuming {self.label} failed: {exc.message}",
-                weights_lost=True,
-            ) from exc
+            # Headers and extra files are final already: a directory the engine could not load
+            # is refused before a tensor byte is pulled, and the engine is never called.
+            staged.check_loadable()
         except BaseException:
             staged.release()
             raise
-        if failure is not None:
-            staged.release()
-            if failure.weights_lost:
-                self._forget_live()
-            raise failure
-        previous, self._live = self._live, staged
-        self._live_format, self._weights_unknown = target.load_format, False
-        if previous is not None:
-            previous.release()
-        # The engine owns the live staging directory (released when the next load lands); the
-        # relay only reads it, so withdrawing the relay must not delete it.
-        relay = RelayCopy(raw, manifest, staged.buffer, extra_files=extra) if self._relay else None
-        return LoadOutcome(manifest.tensor_bytes, verified, digest, relay, from_peer=job.peer is not None)
+        return staged
 
-    async def _ensure_probed(self, limit_s: float) -> None:
-        if not self._probed:
-            self._boot, self._boot_unreloadable = await self.probe(limit_s)
-            self._probed = True
+    def staged(self, load: Load) -> None:
+        _staged_directory(load).finish()
 
-    async def _apply_or_restore(self, target: DiskWeights, gate: PauseGate) -> LoadError | None:
-        """Load `target` (traffic paused); on failure put the previous weights back. Returns the
-        error to raise (with `weights_lost` if nothing consistent is known to serve), or None."""
-        error = await self._attempt(target)
-        # The load's own hold is still there: neither call pauses or resumes the engine.
-        if error is None:
-            await gate.release(WEIGHTS_LOST_HOLDER)
-        elif error.weights_lost:
-            await gate.acquire(WEIGHTS_LOST_HOLDER)
-        return error
-
-    async def _attempt(self, target: DiskWeights) -> LoadError | None:
+    async def apply_load(self, load: Load) -> None:
         if self._weights_unknown:
             try:
                 # The gate may still count the engine paused (weights-lost) while it restarted,
                 # unpaused, since: pause it for real before touching its weights.
                 await self.pause()
             except LoadError as exc:
-                return self._lost(exc, "pausing it failed")
-        try:
-            await self.apply(target)
-            await self.confirm(target)
-        except LoadError as exc:
-            return await self._restore(exc)
-        return None
+                raise self._lost(exc, "pausing it failed") from exc
+        target = self._weights(load)
+        await self.apply(target)
+        await self.confirm(target)
 
-    async def _restore(self, failure: LoadError) -> LoadError:
+    def landed(self, load: Load) -> RelayCopy | None:
+        staged = _staged_directory(load)
+        previous, self._live = self._live, staged
+        self._live_format, self._weights_unknown = self.load_format, False
+        if previous is not None:
+            previous.release()
+        # The engine owns the live staging directory (released when the next load lands); the
+        # relay only reads it, so withdrawing the relay must not delete it.
+        return (
+            RelayCopy(load.raw, load.document, staged.buffer, extra_files=load.extra) if self._relay else None
+        )
+
+    def lost(self) -> None:
+        self._forget_live()
+
+    def _weights(self, load: Load) -> DiskWeights:
+        return DiskWeights(load.job.version, str(_staged_directory(load).path), self.load_format)
+
+    async def _ensure_probed(self, limit_s: float) -> None:
+        if not self._probed:
+            self._boot, self._boot_unreloadable = await self.probe(limit_s)
+            self._probed = True
+
+    async def restore(self, load: Load, failure: LoadError) -> LoadError:
+        if failure.weights_lost:  # nothing was touched that a reload could put right
+            return failure
         if self._weights_unknown:
             return self._lost(failure, "its weights were already unknown")
         previous = self._previous()
@@ -337,34 +317,6 @@ class DiskStagedEngine:
         os.replace(live.path, aside)
         live.path = aside
 
-    def _stage(
-        self,
-        transport: Transport,
-        manifest: ManifestDocument,
-        extra: Mapping[str, bytes],
-        job: LoadJob,
-        progress: LoadProgress,
-    ) -> StagedDirectory:
-        staged = StagedDirectory(self.staging_root, manifest, extra)
-        try:
-            # Headers and extra files are final already: a directory the engine could not load
-            # is refused before a tensor byte is pulled, and the engine is never called.
-            staged.check_loadable()
-            pull_into(
-                transport,
-                job,
-                manifest,
-                staged,
-                progress,
-                chunk_bytes=self._chunk,
-                parallelism=self._parallelism,
-            )
-            staged.finish()
-            return staged
-        except BaseException:
-            staged.release()
-            raise
-
     def staged_path(self) -> Path | None:
         return self._live.path if self._live is not None else None
 
@@ -376,3 +328,8 @@ class DiskStagedEngine:
             "boot": None if self._boot is None else str(self._boot),
             "weights_unknown": self._weights_unknown,
         }
+
+
+def _staged_directory(load: Load) -> StagedDirectory:
+    assert isinstance(load.staging, StagedDirectory), "a disk engine stages into a directory"
+    return load.staging

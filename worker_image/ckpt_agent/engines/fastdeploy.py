@@ -40,12 +40,12 @@ from ckpt_agent.common.errors import LoadError, Reason
 from ckpt_agent.engines.base import LoadJob, LoadOutcome
 from ckpt_agent.engines.engine_http import EngineHttp, EngineNotConnected, completion, timed_generation
 from ckpt_agent.formats.manifest import DEFAULT_MAX_MANIFEST_BYTES
-from ckpt_agent.pipeline.pause_gate import LOAD, WEIGHTS_LOST, PauseGate
-from ckpt_agent.pipeline.reader import LoadProgress, fetch_manifest
+from ckpt_agent.pipeline.pause_gate import PauseGate
+from ckpt_agent.pipeline.reader import DEFAULT_CHUNK_BYTES, LoadProgress
+from ckpt_agent.pipeline.sequence import Load, run_load
 from ckpt_agent.pipeline.smoke import Verdict
-from ckpt_agent.transport import open_transport
 from ckpt_api.agent_api import ControlStatus, HealthCheckRequest, LoadFailure, PauseState, RankResult
-from ckpt_api.manifest import ReferenceRecord
+from ckpt_api.manifest import ManifestDocument, ReferenceRecord
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,12 @@ class FastDeployEngine:
     # bytes per second (service.load_watch) would fail every load; FastDeploy's own timeout
     # bounds it.
     pulls_weights_itself = True
+    # Its ranks hold a mix nobody can vouch for after a lost load: keep it paused until one succeeds.
+    pauses_lost_weights = True
+    relays_while_staging = False
+    label = "FastDeploy"
+    chunk_bytes = DEFAULT_CHUNK_BYTES  # never pulls: the sequence reads only the manifest
+    parallelism = 1
 
     def __init__(
         self,
@@ -128,10 +134,10 @@ class FastDeployEngine:
         self._control_timeout = control_timeout
         self._pause_timeout = pause_timeout
         self._update_timeout = update_timeout
-        self._max_manifest = max_manifest_bytes
+        self.max_manifest_bytes = max_manifest_bytes
         self._resume_attempts = resume_attempts
         # FastDeploy's AuthenticationMiddleware (--api-key / FD_API_KEY) guards every /v1 path.
-        self._http = EngineHttp(base_url, "FastDeploy", token=api_key)
+        self._http = EngineHttp(base_url, self.label, token=api_key)
 
     async def start(self) -> None:
         await self._http.start()
@@ -251,6 +257,12 @@ class FastDeployEngine:
         )
 
     async def load(self, job: LoadJob, gate: PauseGate, progress: LoadProgress) -> LoadOutcome:
+        return await run_load(self, job, gate, progress)
+
+    # -- LoadSteps: FastDeploy reads the version itself; when a source is known the sequence
+    # fetches the manifest first, so an unknown version or a digest mismatch is refused before
+    # the engine pauses.
+    async def prepare(self, job: LoadJob) -> None:
         if job.check_finite:
             # Refused, not skipped: a gate the user asked for must not pass by doing nothing.
             raise LoadError(
@@ -258,50 +270,27 @@ class FastDeployEngine:
                 "checks.finite cannot run with the fastdeploy engine: FastDeploy pulls the weights "
                 "itself and the agent never sees their bytes; unset spec.checks.finite for this fleet",
             )
-        digest: str | None = None
-        nbytes = 0
-        if job.source_uri is not None:
-            transport = open_transport(job.source_uri)
-            try:
-                manifest, digest = await asyncio.to_thread(
-                    fetch_manifest,
-                    transport,
-                    job.version,
-                    expected_digest=job.manifest_digest,
-                    max_bytes=self._max_manifest,
-                )
-            finally:
-                transport.close()
-            nbytes = manifest.tensor_bytes
-            progress.bytes_total = nbytes
-        failure: LoadError | None = None
-        applied = False
-        try:
-            async with gate.hold(LOAD):
-                try:
-                    await self._update(job.version, job.must_verify)
-                except LoadError as exc:
-                    failure = await self._undo(job, exc)
-                    if failure.weights_lost:
-                        # Ranks hold a mix nobody can vouch for: keep FastDeploy paused after
-                        # this load's hold ends, until a load succeeds.
-                        await gate.acquire(WEIGHTS_LOST)
-                    raise failure from exc
-                await gate.release(WEIGHTS_LOST)
-                applied = True
-        except LoadError as exc:
-            if exc is failure or (failure is None and not applied):
-                raise  # the load's own failure, or a pause that failed (nothing was sent)
-            # The resume failed: the engine stays paused, so the pod must not look Ready.
-            if failure is None:
-                reason, done = Reason.ENGINE_ERROR, f"{job.version} is loaded on every rank"
-            else:
-                reason, done = failure.reason, failure.message
-            raise LoadError(
-                reason, f"{done}, but FastDeploy did not resume: {exc.message}", weights_lost=True
-            ) from exc
-        progress.bytes_done = nbytes
-        return LoadOutcome(nbytes, job.must_verify, digest)
+
+    def check(self, manifest: ManifestDocument) -> None:
+        pass
+
+    def staging(self, load: Load) -> None:
+        return None
+
+    def staged(self, load: Load) -> None:
+        pass
+
+    async def apply_load(self, load: Load) -> None:
+        await self._update(load.job.version, load.job.must_verify)
+
+    async def restore(self, load: Load, failure: LoadError) -> LoadError:
+        return await self._undo(load.job, failure)
+
+    def landed(self, load: Load) -> None:
+        return None
+
+    def lost(self) -> None:
+        pass
 
     async def infer(self) -> list[float]:
         raise NotImplementedError("FastDeploy serves its own OpenAI-compatible API")

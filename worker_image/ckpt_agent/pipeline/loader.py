@@ -1,4 +1,5 @@
-"""Loads for engines that hold their weights in-process (the paddle reference engine).
+"""The load steps of engines that hold their weights in-process (the paddle reference engine);
+the sequence they run in is `ckpt_agent.pipeline.sequence`'s.
 
 staged:   pull + verify every tensor into host staging while traffic continues, then pause and
           copy into the live parameters. A failure before the copy changes nothing.
@@ -23,7 +24,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -31,17 +32,16 @@ from ckpt_agent.common.errors import LoadError, Reason
 from ckpt_agent.formats.manifest import DEFAULT_MAX_MANIFEST_BYTES
 from ckpt_agent.pipeline.compat import ParamSpec, check_compatible
 from ckpt_agent.pipeline.load_job import LiveWeights, LoadJob, LoadOutcome
-from ckpt_agent.pipeline.pause_gate import LOAD, PauseGate
-from ckpt_agent.pipeline.pull import checksum_verified, open_version, pull_into
+from ckpt_agent.pipeline.pause_gate import PauseGate
 from ckpt_agent.pipeline.reader import (
     DEFAULT_CHUNK_BYTES,
     LoadProgress,
     fetch_manifest,
     plan_runs,
-    read_extra_files,
     read_runs,
 )
 from ckpt_agent.pipeline.relay_copy import ReadTensor, RelayCopy
+from ckpt_agent.pipeline.sequence import Load, Staging, run_load
 from ckpt_agent.pipeline.staging import StagingArea
 from ckpt_agent.transport import Transport, open_transport
 from ckpt_agent.transport.abort import LOAD_ABORT
@@ -79,6 +79,13 @@ class ReadsLiveWeights(Protocol):
 
 
 class InProcessLoader:
+    """The load steps of an engine that holds its weights in-process (see `sequence`)."""
+
+    label = "the engine"
+    pulls_weights_itself = False
+    # A model whose apply failed refuses inference by itself (`WeightsTarget.applying`).
+    pauses_lost_weights = False
+
     def __init__(
         self,
         target: WeightsTarget,
@@ -91,83 +98,63 @@ class InProcessLoader:
     ) -> None:
         self._target = target
         self.apply_mode: ApplyMode = apply_mode
-        self._chunk = chunk_bytes
-        self._max_manifest = max_manifest_bytes
-        self._parallelism = parallelism
+        self.chunk_bytes = chunk_bytes
+        self.max_manifest_bytes = max_manifest_bytes
+        self.parallelism = parallelism
         self._relay = relay
+        # Pipelined relay from the staging arena: a chain's members start within moments of
+        # each other.
+        self.relays_while_staging = relay
 
     async def load(self, job: LoadJob, gate: PauseGate, progress: LoadProgress) -> LoadOutcome:
-        transport, manifest, digest, raw = await open_version(job, self._max_manifest)
-        verified = checksum_verified(job, transport)
+        return await run_load(self, job, gate, progress)
+
+    # -- LoadSteps -------------------------------------------------------------------------------
+    async def prepare(self, job: LoadJob) -> None:
+        pass
+
+    def check(self, manifest: ManifestDocument) -> None:
+        holds = self._target.supported_dtypes() if isinstance(self._target, HoldsSomeDtypes) else None
+        check_compatible(manifest, self._target.parameter_specs(), holds=holds)
+
+    def staging(self, load: Load) -> Staging | None:
+        return StagingArea(load.document) if self.apply_mode == "staged" else None
+
+    def staged(self, load: Load) -> None:
+        pass
+
+    async def apply_load(self, load: Load) -> None:
+        job, manifest = load.job, load.document
         try:
-            holds = self._target.supported_dtypes() if isinstance(self._target, HoldsSomeDtypes) else None
-            check_compatible(manifest, self._target.parameter_specs(), holds=holds)
-            progress.bytes_total = manifest.tensor_bytes
-            if self.apply_mode == "staged":
-                relay = await self._staged(transport, manifest, raw, job, gate, progress)
+            if load.staging is not None:
+                await asyncio.to_thread(self._apply_all, manifest, load.staging.buffer)
             else:
-                extra = await _read_extras(transport, manifest, job)
-                await self._streamed(transport, manifest, job, gate, progress)
-                relay = self._live_copy(raw, manifest, extra)
-        finally:
-            transport.close()
-        return LoadOutcome(
-            manifest.tensor_bytes,
-            verified,
-            digest,
-            relay,
-            from_peer=job.peer is not None,
-            reference=manifest.reference,
-        )
-
-    async def _staged(
-        self,
-        transport: Transport,
-        manifest: ManifestDocument,
-        raw: bytes,
-        job: LoadJob,
-        gate: PauseGate,
-        progress: LoadProgress,
-    ) -> RelayCopy | None:
-        staging = StagingArea(manifest)
-        relay: RelayCopy | None = None
-        # Pipelined relay: peers read this copy file by file and tensor by tensor while the
-        # reads below run; published first, so a chain's members start within moments of each other.
-        early = None
-        if self._relay and job.relay_while_loading and job.publish_relay is not None:
-            early = RelayCopy.in_progress(raw, manifest, staging, asyncio.get_running_loop())
-            job.publish_relay(early)
-        try:
-            extra = await _read_extras(transport, manifest, job)
-            if early is not None:
-                early.set_extra_files(extra)
-
-            def pull() -> None:
-                pull_into(
-                    transport,
-                    job,
+                assert load.transport is not None
+                await asyncio.to_thread(
+                    self._stream_apply,
+                    load.transport,
                     manifest,
-                    staging,
-                    progress,
-                    chunk_bytes=self._chunk,
-                    parallelism=self._parallelism,
-                    relay=early,
+                    job.must_verify,
+                    load.progress,
+                    job.cancel.is_set,
+                    check_finite=job.check_finite,
                 )
+        except LoadError:
+            raise
+        except Exception as exc:
+            raise LoadError(Reason.ENGINE_ERROR, f"applying weights failed: {exc!r}") from exc
 
-            await asyncio.to_thread(pull)
-            async with gate.hold(LOAD):
-                try:
-                    await asyncio.to_thread(self._apply_all, manifest, staging.buffer)
-                except Exception as exc:
-                    await self._restore(job, _as_load_error(exc))
-            if self._relay:
-                relay = early or RelayCopy.from_store(raw, manifest, staging, extra)
-            return relay
-        finally:
-            if relay is None:
-                if early is not None:
-                    early.release()  # its readers stop; it never relays bytes of a failed load
-                staging.release()
+    def landed(self, load: Load) -> RelayCopy | None:
+        if load.staging is None:
+            return self._live_copy(load.raw, load.document, load.extra)
+        if not self._relay:
+            load.staging.release()
+            return None
+        arena = cast(StagingArea, load.staging)
+        return load.early_relay or RelayCopy.from_store(load.raw, load.document, arena, load.extra)
+
+    def lost(self) -> None:
+        pass
 
     def _apply_all(
         self, manifest: ManifestDocument, buffer_for: Callable[[TensorRecord], memoryview]
@@ -184,28 +171,6 @@ class InProcessLoader:
         return RelayCopy(
             raw, manifest, self._target.live_reader(), source="live-parameters", extra_files=extra
         )
-
-    async def _streamed(
-        self,
-        transport: Transport,
-        manifest: ManifestDocument,
-        job: LoadJob,
-        gate: PauseGate,
-        progress: LoadProgress,
-    ) -> None:
-        async with gate.hold(LOAD):
-            try:
-                await asyncio.to_thread(
-                    self._stream_apply,
-                    transport,
-                    manifest,
-                    job.must_verify,
-                    progress,
-                    job.cancel.is_set,
-                    check_finite=job.check_finite,
-                )
-            except Exception as exc:
-                await self._restore(job, _as_load_error(exc))
 
     def _stream_apply(
         self,
@@ -228,15 +193,16 @@ class InProcessLoader:
                 verify=verify,
                 progress=progress,
                 cancelled=cancelled,
-                chunk_bytes=self._chunk,
+                chunk_bytes=self.chunk_bytes,
                 check_finite=check_finite,
             )
 
-    async def _restore(self, job: LoadJob, failure: LoadError) -> None:
-        """Put the previous version back after a failed apply, then re-raise `failure`."""
-        previous = job.previous
+    async def restore(self, load: Load, failure: LoadError) -> LoadError:
+        """Put the previous version back after a failed apply: `failure`, or a loss if that
+        fails too."""
+        previous = load.job.previous
         if previous is None or previous.source_uri is None:
-            raise LoadError(
+            return LoadError(
                 failure.reason,
                 f"{failure.message}; no previous version to restore, the model holds no consistent weights",
                 tensor=failure.tensor,
@@ -247,17 +213,17 @@ class InProcessLoader:
             await asyncio.to_thread(self._reload, previous)
         except Exception as exc:
             log.exception("restoring %s failed", previous.version)
-            raise LoadError(
+            return LoadError(
                 failure.reason,
                 f"{failure.message}; restoring {previous.version} failed ({exc}), "
                 "the model holds no consistent weights",
                 tensor=failure.tensor,
                 weights_lost=True,
-            ) from exc
+            )
         log.info(
             "restored %s in %.2fs after: %s", previous.version, time.monotonic() - started, failure.message
         )
-        raise failure
+        return failure
 
     def _reload(self, previous: LiveWeights) -> None:
         assert previous.source_uri is not None
@@ -270,18 +236,8 @@ class InProcessLoader:
                 transport,
                 previous.version,
                 expected_digest=previous.manifest_digest,
-                max_bytes=self._max_manifest,
+                max_bytes=self.max_manifest_bytes,
             )
             self._stream_apply(transport, manifest, previous.checksum_verified, LoadProgress(), lambda: False)
         finally:
             transport.close()
-
-
-async def _read_extras(transport: Transport, manifest: ManifestDocument, job: LoadJob) -> dict[str, bytes]:
-    return await asyncio.to_thread(read_extra_files, transport, manifest, cancelled=job.cancel.is_set)
-
-
-def _as_load_error(exc: Exception) -> LoadError:
-    if isinstance(exc, LoadError):
-        return exc
-    return LoadError(Reason.ENGINE_ERROR, f"applying weights failed: {exc!r}")
