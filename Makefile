@@ -12,12 +12,17 @@ PYPATHS := operator:worker_image:e2e
 # is one flag, e.g. `pytest -m 'not cluster'`):
 #   make check   lint, types, layers and the quick tests: the loop after each edit (< 2 min on 2 cores)
 #   make unit    every test that needs no cluster: the quick ones, mutation, benches, fuzzing
-#   make test    everything (README's command, CI): set-up, lint, the cluster-free tiers on every
-#                core, then the cluster, image and real-node tiers (one control plane per session)
+#   make test    everything (README's command, CI): set-up, lint, the cluster-free tiers and the
+#                kwok scenarios on every core, then the image and real-node tiers
 QUICK := not (cluster or images or realnode or mutation or bench or fuzz)
 CLUSTER_FREE := not (cluster or images or realnode)
-CLUSTER_TIERS := cluster or images or realnode
-# pytest-xdist workers for the cluster-free tiers (auto: one per core).
+# The cluster tier splits in two: the kwok scenarios run on every core, each pytest-xdist worker
+# with a control plane of its own (free ports, its own temp dir; a file's tests stay on one worker
+# and share its fixtures); the image and real-node tests run in one process, as there is one
+# kubelet and one image store.
+KWOK_TIER := cluster and not (images or realnode)
+NODE_TIERS := images or realnode
+# pytest-xdist workers for the cluster-free tiers and the kwok scenarios (auto: one per core).
 JOBS ?= auto
 
 .PHONY: install system-deps test unit check tools lint crds verify demo clean
@@ -59,7 +64,8 @@ images: install
 test: setup lint
 	rc=0; \
 	$(BIN)/pytest -n $(JOBS) -m "$(CLUSTER_FREE)" || rc=$$?; \
-	$(BIN)/pytest -m "$(CLUSTER_TIERS)" || rc=$$?; \
+	$(BIN)/pytest -n $(JOBS) --dist loadfile -m "$(KWOK_TIER)" || rc=$$?; \
+	$(BIN)/pytest -m "$(NODE_TIERS)" || rc=$$?; \
 	exit $$rc
 
 # The tools the cluster-free tests run: helm (chart rendering) and promtool (alert rule tests),
