@@ -59,6 +59,8 @@ from .kwok_stages import KUBELET_STOP_LABEL
 from .procs import WaitTimeout, spawn, stop, wait_for
 from .rollout_env import (
     AGENT_PORT,
+    AGENT_SETTINGS_DIR,
+    AGENT_SETTINGS_FILE,
     CLI,
     EXAMPLE_RELAY,
     WORKER_LABEL,
@@ -66,9 +68,10 @@ from .rollout_env import (
     OperatorProcess,
     Rollouts,
     Worker,
-    agent_flags,
+    agent_settings,
     agent_state,
     http_json,
+    pod_flags,
     rollout_spec,
 )
 from .rollout_fixtures import Fleet
@@ -299,10 +302,11 @@ class ExistingSettings:
 
 
 def worker_pod_deployment(
-    name: str, replicas: int, labels: dict[str, str], image: str, args: list[str]
+    name: str, replicas: int, labels: dict[str, str], image: str, args: list[str], *, plain_http: bool = False
 ) -> dict[str, Any]:
     """examples/worker-deployment.yaml (what users deploy) with this fleet's name, labels,
-    image and agent flags, and requests small enough for a laptop's kind cluster."""
+    image and agent flags, and requests small enough for a laptop's kind cluster. ``plain_http``:
+    the agents serve plain http by their settings file (as --plain-http among ``args`` says)."""
     deployment: dict[str, Any] = copy.deepcopy(yaml.safe_load(WORKER_EXAMPLE.read_text()))
     deployment["metadata"] = {"name": name, "labels": dict(labels)}
     spec = deployment["spec"]
@@ -312,10 +316,21 @@ def worker_pod_deployment(
     container = spec["template"]["spec"]["containers"][0]
     container["image"] = image
     container["args"] = args
+    if "--config" in args:
+        _with_agent_settings(spec["template"]["spec"])
     container["resources"] = {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}
-    if "--plain-http" in args:
+    if plain_http or "--plain-http" in args:
         _without_tls(spec["template"]["spec"])
     return deployment
+
+
+def _with_agent_settings(pod: dict[str, Any]) -> None:
+    """The namespace's agent settings (ConfigMap ckpt-rollout-agent) mounted for --config."""
+    if any(v["name"] == "agent-settings" for v in pod["volumes"]):
+        return
+    pod["volumes"].append({"name": "agent-settings", "configMap": {"name": "ckpt-rollout-agent"}})
+    mount = {"name": "agent-settings", "mountPath": AGENT_SETTINGS_DIR, "readOnly": True}
+    pod["containers"][0]["volumeMounts"].append(mount)
 
 
 def relay_token_for(deployment: dict[str, Any], namespace: str) -> dict[str, Any]:
@@ -451,8 +466,13 @@ class ExistingProvider(Provider):
         return self._token
 
     def _worker_rbac(self) -> None:
+        """The chart's worker objects in the test namespace: RBAC, and the agents' settings."""
         if self._rbac_release is None:
-            self._rbac_release = apply_worker_rbac(self.kubectl)
+            assert self.kubectl.namespace is not None
+            settings = agent_settings(
+                self.settings.source_uri, None, EXAMPLE_RELAY, audience=agent_audience(self.kubectl.namespace)
+            )
+            self._rbac_release = apply_worker_rbac(self.kubectl, settings)
 
     def _start_fleet(
         self, replicas: int, name: str, initial_version: str, extra_args: list[str]
@@ -460,18 +480,11 @@ class ExistingProvider(Provider):
         self._worker_rbac()
         labels = {"app": WORKER_LABEL, "fleet": name}
         # 0.0.0.0, not $POD_IP: kubectl port-forward reaches the agent on the pod's loopback.
-        # Authorized by SubjectAccessReview: what the installed chart grants the operator.
+        # The rest is the namespace's settings file (_worker_rbac).
+        args = ["--config", AGENT_SETTINGS_FILE, *pod_flags("0.0.0.0", initial_version, extra_args)]
+        image = self.settings.worker_image
+        deployment = worker_pod_deployment(name, replicas, labels, image, args, plain_http=True)
         assert self.kubectl.namespace is not None
-        args = agent_flags(
-            "0.0.0.0",
-            self.settings.source_uri,
-            initial_version,
-            None,
-            extra_args,
-            EXAMPLE_RELAY,
-            audience=agent_audience(self.kubectl.namespace),
-        )
-        deployment = worker_pod_deployment(name, replicas, labels, self.settings.worker_image, args)
         self.kubectl.apply(relay_token_for(deployment, self.kubectl.namespace))
         fleet = ExistingFleet(name, labels, self.token(), self.kubectl, self.log_dir)
         self.fleets.append(fleet)

@@ -33,8 +33,6 @@ from typing import Any, ClassVar
 
 import pytest
 
-from ckpt_api.constants import agent_audience
-
 from . import images
 from .cluster import ClusterOptions, LocalCluster
 from .fixtures import CONTROL_PLANE, ClusterHandle, _kubectl_binary, fresh_namespace
@@ -54,12 +52,12 @@ from .provision import resolve
 from .realnode import BINARIES as REAL_NODE_BINARIES
 from .realnode import RealNode, placement
 from .rollout_env import (
-    EXAMPLE_RELAY,
+    AGENT_SETTINGS_FILE,
     WORKER_LABEL,
     CheckpointSource,
     Rollouts,
     Worker,
-    agent_flags,
+    pod_flags,
     serve_checkpoints,
 )
 
@@ -190,21 +188,14 @@ class RealNodeProvider(ExistingProvider):
     ) -> RealNodeFleet:
         self._worker_rbac()
         labels = {"app": WORKER_LABEL, "fleet": name}
-        # $(POD_IP): the kubelet expands it from the container's env, as examples/ binds.
-        # Authorized by SubjectAccessReview: what the installed chart grants the operator.
+        # $(POD_IP): the kubelet expands it from the container's env, as examples/ binds. The
+        # rest is the namespace's settings file (_worker_rbac: the chart's ConfigMap).
         assert self.kubectl.namespace is not None
-        audience = agent_audience(self.kubectl.namespace)
-        args = agent_flags(
-            "$(POD_IP)",
-            self.settings.source_uri,
-            initial_version,
-            None,
-            extra_args,
-            EXAMPLE_RELAY,
-            audience=audience,
-        )
+        args = ["--config", AGENT_SETTINGS_FILE, *pod_flags("$(POD_IP)", initial_version, extra_args)]
         self.kubectl.apply(
-            relay_token_for(real_node_deployment(name, replicas, labels, args), self.kubectl.namespace)
+            relay_token_for(
+                real_node_deployment(name, replicas, labels, args, plain_http=True), self.kubectl.namespace
+            )
         )
         fleet = RealNodeFleet(name, labels, self.token(), self.kubectl, self.log_dir)
         self.fleets.append(fleet)
@@ -229,11 +220,17 @@ class RealNodeProvider(ExistingProvider):
 
 
 def real_node_deployment(
-    name: str, replicas: int, labels: dict[str, str], args: list[str], image: str = WORKER_IMAGE
+    name: str,
+    replicas: int,
+    labels: dict[str, str],
+    args: list[str],
+    image: str = WORKER_IMAGE,
+    *,
+    plain_http: bool = False,
 ) -> dict[str, Any]:
     """examples/worker-deployment.yaml for the real node: its image from containerd (never
     pulled), pinned to the node."""
-    deployment = worker_pod_deployment(name, replicas, labels, image, args)
+    deployment = worker_pod_deployment(name, replicas, labels, image, args, plain_http=plain_http)
     pod = deployment["spec"]["template"]["spec"]
     pod.update(placement())
     pod["containers"][0]["imagePullPolicy"] = "Never"

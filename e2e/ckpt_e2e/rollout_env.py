@@ -191,6 +191,64 @@ EXAMPLE_RELAY = (
 )
 
 
+# Where a worker pod mounts its namespace's settings (ConfigMap ckpt-rollout-agent, the chart's
+# agentSettings), and the agent's --config there.
+AGENT_SETTINGS_DIR = "/etc/ckpt-rollout"
+AGENT_SETTINGS_FILE = f"{AGENT_SETTINGS_DIR}/agent.yaml"
+
+
+def agent_settings(
+    source_url: str,
+    allowed_username: str | None,
+    relay: tuple[str, str | None] | None = None,
+    tls: tuple[CertPair, Path] | None = None,
+    *,
+    audience: str,
+) -> dict[str, Any]:
+    """The settings (ckpt_agent.settings keys) every test worker of a namespace shares: paddle
+    reference engine on AGENT_PORT, accepts tokens for ``audience`` (its namespace's,
+    ckpt_api.constants.agent_audience) and authorizes them by SubjectAccessReview, or, given
+    ``allowed_username`` (the fallback), only that user's. ``relay``: (its own token file, the
+    peers' username with the allow-list): what it presents to peers and whom it lets read its
+    relay. ``tls``: (its serving certificate, the CA peers must chain to); None: plain http."""
+    settings: dict[str, Any] = {
+        "port": AGENT_PORT,
+        "engine": "paddle",
+        "source": source_url,
+        "tokenreview_audience": audience,
+    }
+    if allowed_username is not None:
+        settings["allowed_usernames"] = [allowed_username]
+    if relay is not None:
+        settings["relay_token_file"] = relay[0]
+        if relay[1] is not None and allowed_username is not None:
+            settings["relay_allowed_usernames"] = [relay[1]]
+    if tls is None:
+        settings["plain_http"] = True
+    else:
+        settings |= {
+            "tls_cert_file": str(tls[0].cert),
+            "tls_key_file": str(tls[0].key),
+            "peer_ca_file": str(tls[1]),
+        }
+    return settings
+
+
+def settings_as_flags(settings: Mapping[str, Any]) -> list[str]:
+    """The same settings as `ckpt-rollout agent` flags (switches given when true)."""
+    from ckpt_agent.settings import flag_name
+
+    flags: list[str] = []
+    for key, value in settings.items():
+        if value is True:
+            flags.append(flag_name(key))
+        elif isinstance(value, list):
+            flags += [flag_name(key), ",".join(value)]
+        elif value is not False:
+            flags += [flag_name(key), str(value)]
+    return flags
+
+
 def agent_flags(
     host: str,
     source_url: str,
@@ -202,48 +260,17 @@ def agent_flags(
     *,
     audience: str,
 ) -> list[str]:
-    """`ckpt-rollout agent` flags of a test worker: paddle reference engine on AGENT_PORT, boots
-    on ``initial_version``, accepts tokens for ``audience`` (its namespace's,
-    ckpt_api.constants.agent_audience) and authorizes them by SubjectAccessReview, or, given
-    ``allowed_username`` (the fallback), only that user's. The same flags serve kwok pods (local
-    provider) and the worker image's container args (existing clusters). ``relay``: (its own
-    token file, the peers' username with the allow-list): what it presents to peers and whom it
-    lets read its relay. ``tls``: (its serving certificate, the CA peers must chain to); None:
-    --plain-http."""
-    relay_flags = [] if relay is None else ["--relay-token-file", relay[0]]
-    if relay is not None and relay[1] is not None and allowed_username is not None:
-        relay_flags += ["--relay-allowed-usernames", relay[1]]
-    allow_list = [] if allowed_username is None else ["--allowed-usernames", allowed_username]
-    tls_flags = (
-        ["--plain-http"]
-        if tls is None
-        else [
-            "--tls-cert-file",
-            str(tls[0].cert),
-            "--tls-key-file",
-            str(tls[0].key),
-            "--peer-ca-file",
-            str(tls[1]),
-        ]
-    )
-    return [
-        "--host",
-        host,
-        "--port",
-        str(AGENT_PORT),
-        "--engine",
-        "paddle",
-        "--source",
-        source_url,
-        "--initial-version",
-        initial_version,
-        "--tokenreview-audience",
-        audience,
-        *allow_list,
-        *relay_flags,
-        *tls_flags,
-        *(extra_args or []),
-    ]
+    """`ckpt-rollout agent` flags of a test worker run without a settings file (the local
+    provider's agent processes): `agent_settings` as flags, then what is its own: the bind
+    address, the version it boots on, and ``extra_args``."""
+    settings = agent_settings(source_url, allowed_username, relay, tls, audience=audience)
+    return [*settings_as_flags(settings), *pod_flags(host, initial_version, extra_args)]
+
+
+def pod_flags(host: str, initial_version: str, extra_args: list[str] | None = None) -> list[str]:
+    """What stays on a worker's command line beside --config: the bind address, the version its
+    fleet boots on and the scenario's ``extra_args`` (flags: they override the file)."""
+    return ["--host", host, "--initial-version", initial_version, *(extra_args or [])]
 
 
 AGENT_PROCESS = ProcessLauncher([*CLI, "agent"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -71,25 +71,40 @@ def release_name(namespace: str) -> str:
     return f"e2e-{namespace}"[:53]
 
 
-def render_chart(release: str, namespace: str, templates: Sequence[str], settings: Sequence[str]) -> str:
-    """`helm template` of ``templates`` only, with ``settings`` as `--set` values."""
+def render_chart(
+    release: str,
+    namespace: str,
+    templates: Sequence[str],
+    settings: Sequence[str],
+    json_settings: Sequence[str] = (),
+) -> str:
+    """`helm template` of ``templates`` only, with ``settings`` as `--set` values and
+    ``json_settings`` as `--set-json` ones."""
     argv = [str(helm_binary()), "template", release, str(CHART), "--namespace", namespace]
     argv += ["--kube-version", KUBERNETES, "--set", f"fullnameOverride={release}"]
     for template in templates:
         argv += ["--show-only", template]
     for setting in settings:
         argv += ["--set", setting]
+    for setting in json_settings:
+        argv += ["--set-json", setting]
     return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout
 
 
-def apply_worker_rbac(kubectl: Kubectl) -> str:
+def apply_worker_rbac(kubectl: Kubectl, agent_settings: Mapping[str, Any] | None = None) -> str:
     """The chart's worker RBAC (templates/worker-rbac.yaml: ServiceAccount ckpt-rollout-worker,
     its Role, and TokenReview) for ``kubectl``'s namespace, rendered from the chart itself and
-    applied; returns the release name its objects are labelled with."""
+    applied; returns the release name its objects are labelled with. With ``agent_settings``
+    (the chart's agentSettings), also the agents' ConfigMap ckpt-rollout-agent."""
     assert kubectl.namespace is not None
     release = release_name(kubectl.namespace)
     settings = ["workerRbac.enabled=true", f"workerRbac.namespaces={{{kubectl.namespace}}}"]
-    kubectl.apply(render_chart(release, kubectl.namespace, ["templates/worker-rbac.yaml"], settings))
+    templates = ["templates/worker-rbac.yaml"]
+    json_settings = []
+    if agent_settings is not None:
+        templates.append("templates/worker-agent-settings.yaml")
+        json_settings.append(f"agentSettings={json.dumps(agent_settings)}")
+    kubectl.apply(render_chart(release, kubectl.namespace, templates, settings, json_settings))
     return release
 
 
