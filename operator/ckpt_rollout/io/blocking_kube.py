@@ -15,11 +15,17 @@ import asyncio
 import atexit
 import os
 import threading
+import time
 from collections.abc import Awaitable, Callable, Generator
 from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+# How often a call answered 429 with a Retry-After is asked again (after that long): the request
+# was not served (the apiserver's storage still starting, its flow control), and the sync client
+# the commands used before, through urllib3, did the same.
+RETRIES_AFTER_429 = 3
 
 
 class _Loop:
@@ -57,6 +63,17 @@ _open: set[BlockingKube] = set()
 def _close_open() -> None:
     for kube in list(_open):
         kube.close()
+
+
+def retry_after(exc: Any) -> float | None:
+    """The seconds a 429 answer asks to wait before asking again (None: not such an answer)."""
+    value = (getattr(exc, "headers", None) or {}).get("Retry-After")
+    if getattr(exc, "status", None) != 429 or value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:  # an HTTP date: the apiserver sends seconds
+        return None
 
 
 class BlockingKube:
@@ -105,8 +122,19 @@ class BlockingKube:
         return cls(loop.run(made), loop)
 
     def call(self, make: Callable[[], Awaitable[T]]) -> T:
-        """The answer of ``make()``, e.g. ``kube.call(lambda: kube.core.read_namespace("rl"))``."""
-        return self._loop.run(make)
+        """The answer of ``make()``, e.g. ``kube.call(lambda: kube.core.read_namespace("rl"))``;
+        asked again after a 429's Retry-After (RETRIES_AFTER_429)."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        for attempt in range(RETRIES_AFTER_429 + 1):
+            try:
+                return self._loop.run(make)
+            except ApiException as exc:
+                wait = retry_after(exc)
+                if wait is None or attempt == RETRIES_AFTER_429:
+                    raise
+                time.sleep(wait)
+        raise AssertionError("unreachable")
 
     def watch(
         self, func: Callable[..., Any], *args: Any, **kwargs: Any
