@@ -19,7 +19,8 @@ from ckpt_agent.pipeline.pause_gate import CHECK, LOAD, USER, WEIGHTS_LOST, Paus
 from ckpt_agent.pipeline.reader import CANCELLED_MESSAGE, LoadProgress
 from ckpt_agent.pipeline.relay_copy import RelayCopy
 from ckpt_agent.pipeline.relay_peer import PEER_TLS, PeerTLS, is_peer_fault
-from ckpt_agent.pipeline.smoke import CheckResult, outcome_of, run_check
+from ckpt_agent.pipeline.smoke import outcome_of, run_check
+from ckpt_agent.service.load_run import LoadRun
 from ckpt_agent.service.load_watch import (
     DEADLINE_GRACE_S,
     DEFAULT_LOAD_RATE_WINDOW_S,
@@ -30,7 +31,7 @@ from ckpt_agent.service.load_watch import (
 from ckpt_agent.service.report import rfc3339
 from ckpt_agent.service.reporting import StatusReporter
 from ckpt_agent.transport import abort as load_abort
-from ckpt_agent.transport.abort import LOAD_ABORT, LoadAbort
+from ckpt_agent.transport.abort import LOAD_ABORT
 from ckpt_agent.transport.guard import SOURCE_POLICY
 from ckpt_api.agent_api import (
     AgentStatus,
@@ -117,18 +118,9 @@ class AgentService:
         self.engine = engine
         self._min_load_rate = min_load_rate
         self._load_rate_window_s = load_rate_window_s
-        # The current load's: what wakes its blocked reads, why it was stopped (None: it was
-        # not), and whether its attempt reads a peer.
-        self._abort = LoadAbort()
-        self._stopped: LoadError | None = None
-        # The load was stopped by POST /v1/cancel_load: its caller (the operator giving it up)
-        # writes its own verdict, which this agent's report must not overwrite.
-        self._caller_stopped = False
-        self._on_peer = False
         self.peer_tls = peer_tls or PeerTLS()
         self.source_policy = source_policy or SourcePolicy()
         self._relay_credential = relay_credential
-        self._peer_skipped: str | None = None  # why this load ignored the peer it was given
         self.gate = PauseGate(engine)
         self.reporter = reporter
         self.metrics = metrics
@@ -145,18 +137,12 @@ class AgentService:
         self.last_load: LastLoad | None = None
         self.updates: Counter[str] = Counter()
         self._task: asyncio.Task[LoadEnd] | None = None
-        self._job: LoadJob | None = None
+        self._current: LoadRun | None = None  # the load running (or the last one)
         # The copy of the live version that peers may pull (see ckpt_agent.pipeline).
         self.relay: RelayCopy | None = None
-        # While a load runs: the copy of the version still live, served until the load changes
-        # the weights, and again if it fails before it did.
-        self._standing: RelayCopy | None = None
-        self._fallback: str | None = None  # why the current load left its peer for the source
-        self._check: CheckResult | None = None  # the current load's smoke check, once it ran
         # The engine is held paused (WEIGHTS_LOST) because weights that failed their smoke check
         # could not be replaced: lifted by the next load that succeeds.
         self._holds_failed_weights = False
-        self._peer_bytes = 0
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -280,7 +266,8 @@ class AgentService:
                 target=target,
             )
         log.warning("cancelling the load of %s (POST /v1/cancel_load)", target)
-        self._caller_stopped = True
+        if self._current is not None:
+            self._current.caller_stopped = True
         self._stop(LoadError(Reason.CANCELLED, f"load of {target} cancelled (POST /v1/cancel_load)"))
         done, _ = await asyncio.wait({task}, timeout=CANCEL_WAIT_SECONDS)
         live = self.live.version if self.live else None
@@ -290,11 +277,8 @@ class AgentService:
         """Stop the running load with `error`: its reads are woken, its loops stop at their next
         cancel check, and (unless it already changed the weights past undoing) the previous
         weights serve again, the engine resumed."""
-        if self._stopped is None:
-            self._stopped = error
-        if self._job is not None:
-            self._job.cancel.set()
-        self._abort.abort(error)
+        if self._current is not None:
+            self._current.stop(error)
 
     # -- loads ---------------------------------------------------------------------------------
     def _withdraw_relay(self) -> None:
@@ -306,24 +290,27 @@ class AgentService:
         """A load relayed while it runs: its copy is served from now on (tensor by tensor). The
         live version's copy is set aside, not released: it comes back if this load fails
         before it changes the weights (see _run)."""
-        if self.relay is not self._standing:
+        if self._current is None or self.relay is not self._current.standing:
             self._withdraw_relay()
         self.relay = copy
 
     def _retire_standing(self) -> None:
         """The load is about to change the weights: the copy of the version they held no longer
         describes what is live (and its staging memory may be needed)."""
-        standing, self._standing = self._standing, None
+        run = self._current
+        if run is None:
+            return
+        standing, run.standing = run.standing, None
         if standing is not None:
             if self.relay is standing:
                 self.relay = None
             standing.release()
 
-    def _reinstate_standing(self) -> None:
+    def _reinstate_standing(self, run: LoadRun) -> None:
         """A failed load that never changed the weights (refused, or failed while pulling or
         verifying): the version still live is relayed again, so the next wave's peers still
         find it here."""
-        standing = self._standing
+        standing = run.standing
         if standing is None or standing.released or self.weights_lost:
             return
         if self.relay is not None and self.relay is not standing:
@@ -340,12 +327,12 @@ class AgentService:
         source = req.source
         peer = source.peer if source else None
         credential: str | None = None
-        self._peer_skipped = None
+        skipped: str | None = None
         try:
             credential = self._peer_credential(peer) if peer else None
         except (NoRelayToken, SourceRefused) as exc:
-            self._peer_skipped = f"peer {peer} skipped: {exc}"
-            log.warning("%s; loading %s from the source", self._peer_skipped, req.version)
+            skipped = f"peer {peer} skipped: {exc}"
+            log.warning("%s; loading %s from the source", skipped, req.version)
             peer = None
         job = LoadJob(
             version=req.version,
@@ -362,27 +349,25 @@ class AgentService:
         )
         # The live version's copy is still served while this load pulls and verifies; it is
         # released once the load takes the engine to change the weights (or succeeds).
-        self._standing = self.relay
+        self._current = run = LoadRun(job, standing=self.relay, peer_skipped=skipped)
         self.gate.before_acquire(LOAD, self._retire_standing)
-        self._job = job
-        self._abort, self._stopped = LoadAbort(), None
-        self._caller_stopped = False
         self.state = AgentState.LOADING
         self.target = req.version
         self.progress = LoadProgress()
         self._task = asyncio.create_task(
-            self._run(job, req.rollout, req.deadline_seconds), name=f"load-{req.version}"
+            self._run(run, req.rollout, req.deadline_seconds), name=f"load-{req.version}"
         )
         return self._task
 
     async def _run(
-        self, job: LoadJob, rollout: RolloutRef | None, deadline_s: float | None = None
+        self, run: LoadRun, rollout: RolloutRef | None, deadline_s: float | None = None
     ) -> LoadEnd:
+        job = run.job
         started = time.monotonic()
         SOURCE_POLICY.set(self.source_policy)  # this load's task and the threads it starts
         PEER_TLS.set(self.peer_tls)
-        LOAD_ABORT.set(self._abort)
-        watch = asyncio.create_task(self._watch(job, deadline_s), name=f"watch-{job.version}")
+        LOAD_ABORT.set(run.abort)
+        watch = asyncio.create_task(self._watch(run, deadline_s), name=f"watch-{job.version}")
         self.gate.held_seconds.pop(LOAD, None)
         self.metrics.load_in_progress.set(1)
         self.reporter.weights_ready(False, WeightsReadyReason.LOADING, f"loading {job.version}")
@@ -390,13 +375,12 @@ class AgentService:
             self._report(
                 rollout, job.version, WorkerPhase.LOADING, Reason.LOADING, f"loading {job.version}", 0, 0.0
             )
-        self._check = None
         try:
             async with self._traffic_held_until_checked(job):
-                outcome = await self._load(job, rollout.name if rollout else None)
-                await self._smoke(job, outcome)
+                outcome = await self._load(run, rollout.name if rollout else None)
+                await self._smoke(run, outcome)
         except Exception as exc:
-            error = self._why_stopped(
+            error = run.why_stopped(
                 exc if isinstance(exc, LoadError) else LoadError(Reason.ENGINE_ERROR, f"load failed: {exc!r}")
             )
             if not isinstance(exc, LoadError):
@@ -404,8 +388,8 @@ class AgentService:
             if self.relay is not None and not self.relay.complete:
                 self._withdraw_relay()  # a copy of the failed load, published while it ran
             seconds = time.monotonic() - started
-            self._failed(job, error, rollout, seconds)
-            self._reinstate_standing()
+            self._failed(run, error, rollout, seconds)
+            self._reinstate_standing(run)
             return self._end(job, error, seconds, self.progress.bytes_done, False)
         else:
             seconds = time.monotonic() - started
@@ -420,7 +404,7 @@ class AgentService:
             self.metrics.load_seconds.labels(LoadResult.SUCCEEDED).observe(seconds)
             self.updates[LoadResult.SUCCEEDED] += 1
             self._record(
-                job, WorkerPhase.UPDATED, Reason.LOADED, seconds, outcome, verified=outcome.checksum_verified
+                run, WorkerPhase.UPDATED, Reason.LOADED, seconds, outcome, verified=outcome.checksum_verified
             )
             # Relayed even when this load skipped verification: receivers always verify peer
             # bytes against the source's manifest.
@@ -433,8 +417,8 @@ class AgentService:
                     f"; {last.bytes_from_source} bytes from the source after peer {job.peer or last.peer}: "
                     f"{last.fallback_reason}"
                 )
-            if self._check is not None:
-                message += f"; {self._check.verdict.message}"
+            if run.check is not None:
+                message += f"; {run.check.verdict.message}"
             log.info("%s", message)
             if rollout is not None:
                 self._report(
@@ -446,27 +430,19 @@ class AgentService:
         finally:
             watch.cancel()
             self.gate.before_acquire(LOAD, None)
-            if self._standing is not self.relay:
+            if run.standing is not self.relay:
                 self._retire_standing()  # replaced by this load's copy, or not to be trusted
-            self._standing = None
+            run.standing = None
             self.target = None
             self.metrics.load_in_progress.set(0)
 
-    def _why_stopped(self, error: LoadError) -> LoadError:
-        """A load's loops stop at a cancel check with the shutdown's words: put the reason the
-        load was stopped for in their place."""
-        stopped = self._stopped
-        if stopped is None or error.reason != Reason.CANCELLED or stopped is error:
-            return error
-        message = error.message.replace(CANCELLED_MESSAGE, stopped.message)
-        return LoadError(stopped.reason, message, tensor=error.tensor, weights_lost=error.weights_lost)
-
-    async def _watch(self, job: LoadJob, deadline_s: float | None) -> None:
+    async def _watch(self, run: LoadRun, deadline_s: float | None) -> None:
         """Stop the load once it passes its deadline, or moves bytes slower than the floor
         (service.load_watch): a slow peer is dropped first (the load goes on from the source),
         a slow source stops the load."""
         if getattr(self.engine, "pulls_weights_itself", False):
             return  # the agent moves no bytes: the engine's own timeout bounds its load
+        job = run.job
         started = time.monotonic()
         rule = ThroughputFloor(self._min_load_rate, self._load_rate_window_s)
         progress, peer_dropped = self.progress, False
@@ -485,18 +461,18 @@ class AgentService:
             # The grace: the caller's own timer set to the same figure (the operator sends its
             # worker timeout) decides first, with its reason; the agent then frees itself.
             if deadline_s is not None and now - started > deadline_s + DEADLINE_GRACE_S:
-                self._stop(LoadError(Reason.SOURCE_UNREACHABLE, describe_deadline(job.version, deadline_s)))
+                run.stop(LoadError(Reason.SOURCE_UNREACHABLE, describe_deadline(job.version, deadline_s)))
                 return
             slow = rule.too_slow(now, progress.bytes_done)
             if slow is None:
                 continue
-            if self._on_peer and progress.fallback_reason is None and not peer_dropped:
+            if run.on_peer and progress.fallback_reason is None and not peer_dropped:
                 log.warning("peer %s too slow loading %s (%s): dropping it", job.peer, job.version, slow)
-                self._abort.abort(LoadError(Reason.SOURCE_UNREACHABLE, f"too slow: {slow}"), load_abort.PEER)
+                run.abort.abort(LoadError(Reason.SOURCE_UNREACHABLE, f"too slow: {slow}"), load_abort.PEER)
                 peer_dropped = True
                 rule.restart(now, progress.bytes_done)
                 continue
-            self._stop(LoadError(Reason.SOURCE_UNREACHABLE, f"the load of {job.version} is too slow: {slow}"))
+            run.stop(LoadError(Reason.SOURCE_UNREACHABLE, f"the load of {job.version} is too slow: {slow}"))
             return
 
     @asynccontextmanager
@@ -527,15 +503,16 @@ class AgentService:
             await asyncio.shield(self.gate.release(CHECK))
             self.gate.hand_over(CHECK, None)
 
-    async def _smoke(self, job: LoadJob, outcome: LoadOutcome) -> None:
+    async def _smoke(self, run: LoadRun, outcome: LoadOutcome) -> None:
         """The request's smoke check of the weights just applied (pod not Ready yet; the engine
         still paused where it can be probed so: _traffic_held_until_checked). On failure the
         previous version is loaded back, and LoadError(HealthCheckFailed) raised: with
         `weights_lost` when there was none, or loading it back failed too."""
+        job = run.job
         if job.health_check is None:
             return
         probe = self.engine.smoke(job.health_check, outcome.reference)
-        self._check = check = await run_check(probe, job.health_check.timeout_seconds)
+        run.check = check = await run_check(probe, job.health_check.timeout_seconds)
         self.metrics.health_checks.labels(outcome_of(check.verdict)).inc()
         if check.verdict.passed is not False:
             return
@@ -581,26 +558,27 @@ class AgentService:
         paused = self.gate.held_seconds.get(LOAD, 0.0)
         return LoadEnd(job.version, error, seconds, min(paused, seconds), nbytes, verified)
 
-    async def _load(self, job: LoadJob, rollout: str | None) -> LoadOutcome:
+    async def _load(self, run: LoadRun, rollout: str | None) -> LoadOutcome:
         """The engine's load; if the peer failed or sent bad bytes, the whole load again from
         the original source."""
-        self._fallback, self._peer_bytes = self._peer_skipped, 0
+        job = run.job
+        run.fallback, run.peer_bytes = run.peer_skipped, 0
         try:
-            return await self._attempt(job, rollout)
+            return await self._attempt(run, job, rollout)
         except LoadError as exc:
             if job.peer is None or exc.weights_lost or not is_peer_fault(exc):
                 raise
             if self.progress.fallback_reason is not None:
                 raise  # it left the peer part way already: this failure is the source's
-            self._fallback = f"{exc.reason}: {exc.message}"
-        self._peer_bytes = self.progress.bytes_done
-        log.warning("peer load of %s failed (%s); falling back to the source", job.version, self._fallback)
-        return await self._attempt(replace(job, peer=None, bearer=None), rollout)
+            run.fallback = f"{exc.reason}: {exc.message}"
+        run.peer_bytes = self.progress.bytes_done
+        log.warning("peer load of %s failed (%s); falling back to the source", job.version, run.fallback)
+        return await self._attempt(run, replace(job, peer=None, bearer=None), rollout)
 
-    async def _attempt(self, job: LoadJob, rollout: str | None) -> LoadOutcome:
+    async def _attempt(self, run: LoadRun, job: LoadJob, rollout: str | None) -> LoadOutcome:
         # Each attempt from zero, counted by origin: a failing peer's bytes cost bandwidth too.
         source = self.metrics.pulled(rollout, SOURCE)
-        self._on_peer = job.peer is not None
+        run.on_peer = job.peer is not None
         self.progress = _CountedProgress(
             counter=self.metrics.pulled(rollout, PEER) if job.peer else source, after_fallback=source
         )
@@ -614,7 +592,8 @@ class AgentService:
                 False, WeightsReadyReason.AWAITING_ROLLOUT, f"{message}; no rollout has confirmed it yet"
             )
 
-    def _failed(self, job: LoadJob, error: LoadError, rollout: RolloutRef | None, seconds: float) -> None:
+    def _failed(self, run: LoadRun, error: LoadError, rollout: RolloutRef | None, seconds: float) -> None:
+        job = run.job
         log.warning("load of %s failed: %s: %s", job.version, error.reason, error.message)
         if error.weights_lost:
             self.live = None
@@ -626,8 +605,8 @@ class AgentService:
         self.metrics.load_seconds.labels(LoadResult.FAILED).observe(seconds)
         self.updates[LoadResult.FAILED] += 1
         done = self.progress.bytes_done
-        self._record(job, WorkerPhase.FAILED, error.reason, seconds, None, nbytes=done, message=error.message)
-        if rollout is not None and not self._caller_stopped:
+        self._record(run, WorkerPhase.FAILED, error.reason, seconds, None, nbytes=done, message=error.message)
+        if rollout is not None and not run.caller_stopped:
             self._report(rollout, job.version, WorkerPhase.FAILED, error.reason, error.message, done, seconds)
         if self.weights_lost:
             # Lost by this load or an earlier one: a failure that never reached the engine (an
@@ -639,7 +618,7 @@ class AgentService:
 
     def _record(
         self,
-        job: LoadJob,
+        run: LoadRun,
         phase: WorkerPhase,
         reason: str,
         seconds: float,
@@ -652,10 +631,11 @@ class AgentService:
         """The last load for /v1/status, with where its bytes came from: the peer, the source, or
         both (a fallback after the peer failed part way). `outcome`: of the attempt that
         succeeded, if any."""
+        job = run.job
         loaded = outcome.bytes if outcome is not None else 0
         from_peer = outcome is not None and outcome.from_peer
-        peer_bytes, source_bytes = (loaded, 0) if from_peer else (self._peer_bytes, loaded)
-        fallback = self._fallback
+        peer_bytes, source_bytes = (loaded, 0) if from_peer else (run.peer_bytes, loaded)
+        fallback = run.fallback
         left_at = self.progress.bytes_before_fallback
         if job.peer is not None and left_at is not None and (outcome is None or from_peer):
             # The peer failed part way and the source sent the rest (resumed by tensor), or
@@ -676,11 +656,11 @@ class AgentService:
             bytes_from_source=source_bytes,
             fallback_reason=fallback,
             health_check=None
-            if self._check is None
+            if run.check is None
             else HealthCheckResult(
-                passed=self._check.verdict.passed,
-                message=self._check.verdict.message,
-                seconds=round(self._check.seconds, 3),
+                passed=run.check.verdict.passed,
+                message=run.check.verdict.message,
+                seconds=round(run.check.seconds, 3),
             ),
         )
 
