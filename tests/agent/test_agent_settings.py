@@ -142,3 +142,9 @@ def test_reference_table_has_a_row_per_setting() -> None:
     assert table[0] == "| Key | Flag | Default | Meaning |"
     assert len(table) == 2 + len(AgentSettings.model_fields)
     assert "| `chunk_mb` | `--chunk-mb` | `4` | read size per transport call (MiB) |" in table
+
+
+def test_agent_config_built_in_code_starts_from_the_same_defaults() -> None:
+    from ckpt_agent.config import AgentConfig
+
+    assert config_from_args(build_parser().parse_args(["agent"]), {}) == AgentConfig()

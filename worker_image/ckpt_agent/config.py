@@ -1,5 +1,5 @@
-"""Agent settings: flags, with the pod identity from the downward API (POD_NAME, POD_NAMESPACE,
-POD_IP)."""
+"""What an agent runs with: its settings (ckpt_agent.settings: flags over a --config file over
+defaults) with the pod identity from the downward API (POD_NAME, POD_NAMESPACE, POD_IP)."""
 
 from __future__ import annotations
 
@@ -8,22 +8,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ckpt_agent.engines.fastdeploy import DEFAULT_UPDATE_TIMEOUT_S
-from ckpt_agent.engines.sglang import DEFAULT_PAUSE_MODE as SGLANG_DEFAULT_PAUSE_MODE
 from ckpt_agent.engines.sglang import PAUSE_MODES as SGLANG_PAUSE_MODES
-from ckpt_agent.formats.manifest import DEFAULT_MAX_MANIFEST_BYTES
 from ckpt_agent.formats.synth import ReferenceModelSpec
 from ckpt_agent.pipeline.loader import ApplyMode
-from ckpt_agent.pipeline.reader import DEFAULT_CHUNK_BYTES
-from ckpt_agent.server.control_api import DEFAULT_SYNC_TIMEOUT_S
 from ckpt_agent.server.httpserver import ConnectionLimits
-from ckpt_agent.service.load_watch import DEFAULT_LOAD_RATE_WINDOW_S, DEFAULT_MIN_LOAD_RATE
-from ckpt_api.constants import DEFAULT_AGENT_METRICS_PORT, DEFAULT_AGENT_PORT
+from ckpt_agent.settings import AgentSettings
 from ckpt_api.source_policy import SourcePolicy
 
 # Engines the agent feeds from a local staging directory.
 DISK_ENGINES = ("sglang", "vllm")
 DEFAULT_ENGINE_URLS = {"sglang": "http://127.0.0.1:30000", "vllm": "http://127.0.0.1:8000"}
+
+
+# The settings' defaults are AgentSettings' (ckpt_agent.settings), what the flags and a --config
+# file start from; AgentConfig, which code builds directly (tests, benches), starts from them too.
+_DEFAULTS = AgentSettings()
 
 
 class ConfigError(ValueError):
@@ -97,54 +96,54 @@ class TLSConfig:
 @dataclass(frozen=True)
 class AgentConfig:
     host: str = "127.0.0.1"
-    port: int = DEFAULT_AGENT_PORT
-    metrics_port: int | None = DEFAULT_AGENT_METRICS_PORT  # None: no separate metrics port
-    engine: str = "paddle"
+    port: int = _DEFAULTS.port
+    metrics_port: int | None = _DEFAULTS.metrics_port or None  # None: no separate metrics port
+    engine: str = _DEFAULTS.engine
     source: str | None = None
     initial_version: str | None = None
-    initial_verify: bool = True
+    initial_verify: bool = _DEFAULTS.initial_verify
     # Keep WeightsReady False until a rollout confirms this pod serves the version its
     # CheckpointRollout wants (pair with the readiness gate).
-    await_rollout: bool = False
-    apply_mode: ApplyMode = "staged"
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES
-    parallelism: int = 1
-    max_manifest_bytes: int = DEFAULT_MAX_MANIFEST_BYTES
+    await_rollout: bool = _DEFAULTS.await_rollout
+    apply_mode: ApplyMode = _DEFAULTS.apply_mode
+    chunk_bytes: int = _DEFAULTS.chunk_mb << 20
+    parallelism: int = _DEFAULTS.parallelism
+    max_manifest_bytes: int = _DEFAULTS.max_manifest_mb << 20
     model: ReferenceModelSpec = field(default_factory=ReferenceModelSpec)
     # The paddle engine boots a model shaped like this checkpoint (a published version, an HF
     # model directory or one .safetensors file) instead of the reference MLP.
     paddle_weights: Path | None = None
-    fastdeploy_url: str = "http://127.0.0.1:8000"
+    fastdeploy_url: str = _DEFAULTS.fastdeploy_url
     # Engines that load from a directory (sglang, vllm): their URL and where versions are staged.
     engine_url: str | None = None
     staging_dir: Path | None = None
     sglang_load_format: str | None = None
-    sglang_pause_mode: str = SGLANG_DEFAULT_PAUSE_MODE
+    sglang_pause_mode: str = _DEFAULTS.sglang_pause_mode
     # Files holding the SGLang server's --api-key / --admin-api-key (Kubernetes Secret mounts).
     sglang_api_key_file: Path | None = None
     sglang_admin_api_key_file: Path | None = None
     # The vLLM server's --api-key (a mounted Secret): only the smoke check's /v1 call needs it.
     vllm_api_key_file: Path | None = None
     # FastDeploy answers update_weights within its own 600 s (see ckpt_agent.engines.fastdeploy).
-    fastdeploy_update_timeout: float = DEFAULT_UPDATE_TIMEOUT_S
+    fastdeploy_update_timeout: float = _DEFAULTS.fastdeploy_update_timeout
     # FastDeploy's --api-key, sent as `Authorization: Bearer`: a file (a mounted Secret), else
     # FastDeploy's own variable FD_API_KEY (its first key), read from the environment.
     fastdeploy_api_key_file: Path | None = None
     fastdeploy_api_key: str | None = field(default=None, repr=False)
     # How long a synchronous update_weights (a FastDeploy client's) waits for its load.
-    sync_update_timeout: float = DEFAULT_SYNC_TIMEOUT_S
+    sync_update_timeout: float = _DEFAULTS.sync_update_timeout
     # A load that moves fewer bytes per second than this over a window fails (SourceUnreachable,
     # the previous weights serving; a slow peer is dropped for the source first): per-read
     # timeouts never catch a source that trickles (see ckpt_agent.service.load_watch). 0: off.
-    min_load_rate: float = DEFAULT_MIN_LOAD_RATE
-    load_rate_window: float = DEFAULT_LOAD_RATE_WINDOW_S
+    min_load_rate: float = _DEFAULTS.min_load_rate
+    load_rate_window: float = _DEFAULTS.load_rate_window
     # Idle/header-read timeout and connection cap of both ports (see ConnectionLimits).
     connections: ConnectionLimits = field(default_factory=ConnectionLimits)
     # Peer relay: keep the verified copy of the live version and serve it to peers (http);
     # `relay_mooncake` also serves it over Mooncake with that protocol.
-    relay: bool = True
+    relay: bool = _DEFAULTS.relay
     relay_mooncake: str | None = None
-    mooncake_device: str = ""
+    mooncake_device: str = _DEFAULTS.mooncake_device
     auth: AuthConfig = field(default_factory=AuthConfig)
     tls: TLSConfig = field(default_factory=TLSConfig)
     # Sources this agent may pull from (ckpt_api.source_policy rules; empty: any); link-local
@@ -154,7 +153,7 @@ class AgentConfig:
     # request carries, is never sent on to a peer.
     relay_token_file: Path | None = None
     allowed_sources: tuple[str, ...] = ()
-    allow_link_local_sources: bool = False
+    allow_link_local_sources: bool = _DEFAULTS.allow_link_local_sources
     # None: report when running in a cluster (pod identity known and a kube config available).
     report: bool | None = None
     pod_name: str | None = None
