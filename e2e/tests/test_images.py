@@ -176,12 +176,14 @@ def test_paddle_and_mooncake_only_where_asked_for(built_images: dict[str, Built]
         "        return 'absent'\n"
         "    importlib.import_module(mod)\n"
         "    return 'imports'\n"
-        "print(json.dumps({m: probe(m) for m in ('paddle', 'mooncake.engine', 'ckpt_agent.cli')}))\n"
+        "mods = ('paddle', 'mooncake.engine', 'ckpt_agent.cli', 'ckpt_source.publish')\n"
+        "print(json.dumps({m: probe(m) for m in mods}))\n"
     )
     cpu = _python_in(built_images["worker-cpu"], "ckpt-e2e-probe-cpu", code)
     slim = _python_in(built_images["worker-slim"], "ckpt-e2e-probe-slim", code)
-    assert cpu == {"paddle": "imports", "mooncake.engine": "imports", "ckpt_agent.cli": "imports"}
-    assert slim == {"paddle": "absent", "mooncake.engine": "absent", "ckpt_agent.cli": "imports"}
+    ours = {"ckpt_agent.cli": "imports", "ckpt_source.publish": "imports"}
+    assert cpu == {"paddle": "imports", "mooncake.engine": "imports", **ours}
+    assert slim == {"paddle": "absent", "mooncake.engine": "absent", **ours}
 
 
 # -- the operator image -----------------------------------------------------------------------------
@@ -206,6 +208,11 @@ def test_operator_image_user_commands(built_images: dict[str, Built]) -> None:
     assert usage.returncode == 0, usage.stderr
     for command in ("operator", "crd", "status", "watch", "promote"):
         assert command in usage.stdout
+    # No publisher here: a release with a checkpoint to publish says what to install, before
+    # it looks for a cluster.
+    publish = cli.run(["release", "v2", "--rollout", "fleet", "--from", "/tmp", "--publish-root", "/tmp"])
+    assert publish.returncode == 2, publish.stderr
+    assert "checkpoint publisher (ckpt_source)" in publish.stderr
 
 
 # -- the worker images ------------------------------------------------------------------------------
