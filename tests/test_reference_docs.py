@@ -32,6 +32,15 @@ def test_metrics_carry_their_exposed_names_and_labels() -> None:
     assert "ckpt_agent_loads_total_total" not in page
 
 
+def test_every_agent_setting_has_its_key_flag_and_default() -> None:
+    from ckpt_agent.settings import AgentSettings
+
+    page = reference_docs.agent_settings_page()
+    for key in AgentSettings.model_fields:
+        assert f"| `{key}` | `--{key.replace('_', '-')}` |" in page
+    assert "| `chunk_mb` | `--chunk-mb` | `4` |" in page
+
+
 def test_check_mode_names_a_stale_page(tmp_path: Path) -> None:
     assert reference_docs.main([str(tmp_path)]) == 0
     assert reference_docs.main([str(tmp_path), "--check"]) == 0

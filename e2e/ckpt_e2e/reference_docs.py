@@ -146,8 +146,26 @@ def metrics_page() -> str:
     )
 
 
+def agent_settings_page() -> str:
+    from ckpt_agent.settings import settings_reference_markdown
+
+    return (
+        HEADER
+        + "# Agent settings\n\n"
+        + "Every fleet-wide setting of `ckpt-rollout agent`, from its settings model\n"
+        + "(`worker_image/ckpt_agent/settings.py`; JSON schema `worker_image/agent-settings.schema.json`).\n"
+        + "Give a setting in the `--config` file under its key (YAML or JSON; the chart renders its\n"
+        + "`agentSettings` value into ConfigMap `ckpt-rollout-agent`, key `agent.yaml`) or as its flag;\n"
+        + "a flag given on the command line wins over the file, the file over the default. What\n"
+        + "differs per pod is not a setting: `--host` (default `$POD_IP`), `POD_NAME`, `POD_NAMESPACE`.\n"
+        + "How they fit together: [The agent](../agent.md).\n\n"
+        + settings_reference_markdown()
+    )
+
+
 PAGES: dict[str, Callable[[], str]] = {
     "checkpointrollout.md": checkpointrollout_page,
+    "agent-settings.md": agent_settings_page,
     "metrics.md": metrics_page,
 }
 
