@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from ckpt_agent.formats.manifest import MANIFEST_NAME, manifest_digest
+from ckpt_api.manifest import MANIFEST_NAME, manifest_digest
 from ckpt_e2e.providers import Provider
 from ckpt_e2e.rollout_env import conditions, http_json
 
