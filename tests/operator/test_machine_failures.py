@@ -334,7 +334,7 @@ def test_the_deadline_counts_no_paused_time(
     assert deadline_remaining(Draft(rollout(status), Memory(), TUNING, NOW)) == remaining
 
 
-def test_a_failure_entry_is_stamped_and_keeps_1000_characters_of_message() -> None:
+def test_a_failure_entry_is_stamped_and_its_message_cut_like_every_entry() -> None:
     failed = failure_entry("v2", 1, WorkerReason.AGENT_UNREACHABLE, "x" * 1500, STAMP)
     assert (
         failed.version,
@@ -347,7 +347,7 @@ def test_a_failure_entry_is_stamped_and_keeps_1000_characters_of_message() -> No
         "v2",
         WorkerPhase.FAILED,
         WorkerReason.AGENT_UNREACHABLE,
-        "x" * 1000,
+        "x" * 1021 + "...",
         STAMP,
         1,
     )

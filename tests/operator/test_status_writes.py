@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from pydantic import ConfigDict
 
-from ckpt_agent.service.report import rfc3339, worker_entry, worker_status_patch
+from ckpt_agent.service.report import rfc3339, worker_status_patch
 from ckpt_api.agent_api import AgentStatus, LastError, UpdateWeightsRequest
 from ckpt_api.status import CheckpointRolloutStatus
 from ckpt_api.vocabulary import (
@@ -27,6 +27,7 @@ from ckpt_api.vocabulary import (
     WorkerPhase,
     WorkerReason,
 )
+from ckpt_api.worker_entries import worker_entry
 from ckpt_e2e.crdschema import schema_problems, status_schema
 from ckpt_e2e.testdata import valid_spec, valid_spec_defaults
 from ckpt_rollout.controller.executor import Reconciler

@@ -15,8 +15,9 @@ from typing import Any
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from ckpt_api.spec import CheckpointRolloutSpec
-from ckpt_api.status import CheckpointRolloutStatus, WorkerStatus
+from ckpt_api.status import CheckpointRolloutStatus
 from ckpt_api.vocabulary import WorkerPhase, WorkerReason
+from ckpt_api.worker_entries import worker_entry
 from ckpt_rollout.domain.drive import failure_entry
 from ckpt_rollout.domain.entry_trust import trusted_status, untrusted_entries
 from ckpt_rollout.domain.machine import decide
@@ -294,7 +295,7 @@ def record_pull(memory: Memory, pull: Pull, result: CallResult, now: float, stam
     last = result.agent_status.last_load
     moved = last if last is not None and last.version == pull.version else None
     if outcome is Outcome.UPDATED or outcome is Outcome.FAILED:
-        memory.heard[pull.pod] = WorkerStatus(
+        memory.heard[pull.pod] = worker_entry(
             bytes=moved.bytes if moved is not None else None,
             bytes_from_peers=moved.bytes_from_peer
             if moved is not None and outcome is Outcome.UPDATED
@@ -302,7 +303,7 @@ def record_pull(memory: Memory, pull: Pull, result: CallResult, now: float, stam
             version=pull.version,
             phase=WorkerPhase.UPDATED if outcome is Outcome.UPDATED else WorkerPhase.FAILED,
             reason=reason,
-            message=message[:1000],
+            message=message,
             checksum_verified=result.agent_status.checksum_verified,
             last_transition_time=stamp,
             wave=pull.wave,

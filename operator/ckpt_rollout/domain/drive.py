@@ -10,6 +10,7 @@ from ckpt_api.relay_tree import fanout_for, feeds, relay_parents
 from ckpt_api.spec import HealthCheck
 from ckpt_api.status import WorkerStatus
 from ckpt_api.vocabulary import EventReason, EventType, WavePhase, WorkerPhase, WorkerReason, WorkerResult
+from ckpt_api.worker_entries import worker_entry
 from ckpt_rollout.domain.outcomes import Outcome, reported_outcome, settles
 from ckpt_rollout.domain.pinning import learned_digests, pin_for
 from ckpt_rollout.domain.plan import Call, Cancel, Draft, Measure, Pull
@@ -31,11 +32,11 @@ class Target:
 
 
 def failure_entry(version: str, wave: int, reason: str, message: str, stamp: str) -> WorkerStatus:
-    return WorkerStatus(
+    return worker_entry(
         version=version,
         phase=WorkerPhase.FAILED,
         reason=reason,
-        message=message[:1000],
+        message=message,
         last_transition_time=stamp,
         wave=wave,
     )

@@ -6,6 +6,7 @@ decides: a trouble the operator outwaits still fails the worker only at the work
 
 from ckpt_api.status import WorkerStatus
 from ckpt_api.vocabulary import EventReason, EventType, Phase, WavePhase, WorkerPhase
+from ckpt_api.worker_entries import worker_entry
 from ckpt_rollout.domain.plan import Draft
 from ckpt_rollout.domain.troubles import STALL_GRACE_S, STALL_REASONS, Trouble
 from ckpt_rollout.domain.wording import counted
@@ -80,11 +81,11 @@ def _entries(d: Draft, target: str | None, stalled: dict[str, Trouble], called: 
             continue
         if current is not None and (current.reason, current.message) == (trouble.reason, trouble.message):
             continue
-        entries[pod] = WorkerStatus(
+        entries[pod] = worker_entry(
             version=target,
             phase=WorkerPhase.PENDING,
             reason=trouble.reason,
-            message=trouble.message[:1000],
+            message=trouble.message,
             last_transition_time=d.now.stamp,
             wave=called[pod],
         )

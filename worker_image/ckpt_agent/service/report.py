@@ -15,10 +15,6 @@ from ckpt_api.status import WorkerStatus
 from ckpt_api.vocabulary import WEIGHTS_READY_CONDITION, ConditionStatus
 from ckpt_api.worker_entries import clip
 
-# Named here too for tests/operator/test_status_writes.py, which imports it from this module and
-# is held byte-for-byte by the cached mutation run.
-from ckpt_api.worker_entries import worker_entry as worker_entry
-
 
 def rfc3339(moment: datetime | None = None) -> str:
     moment = moment or datetime.now(UTC)
