@@ -99,7 +99,12 @@ def test_a_block_that_names_a_variant_runs_only_in_that_variant() -> None:
 
 # The operator's step of README's first rollout, each way (the e2e test runs both).
 OPERATOR_STEP = {
-    "helm": ["helm upgrade --install ckpt-rollout charts/ckpt-rollout", "-f local/values.yaml"],
+    "helm": [
+        "helm upgrade --install ckpt-rollout charts/ckpt-rollout",
+        # The example workers' agent settings (the static manifest of the kubectl way holds them).
+        "-f examples/agent-settings.yaml",
+        "-f local/values.yaml",
+    ],
     "kubectl": [
         "kubectl apply -f crds/",
         "ckpt-rollout tls-secrets --namespace rl | kubectl apply -f -",

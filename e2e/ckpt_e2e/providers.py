@@ -316,21 +316,24 @@ def worker_pod_deployment(
     container = spec["template"]["spec"]["containers"][0]
     container["image"] = image
     container["args"] = args
-    if "--config" in args:
-        _with_agent_settings(spec["template"]["spec"])
+    if any(a == "--config" or a.startswith("--config=") for a in args):
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        if mounts.get("agent-settings") != AGENT_SETTINGS_DIR:
+            raise ValueError(f"{WORKER_EXAMPLE}: no ConfigMap volume agent-settings at {AGENT_SETTINGS_DIR}")
+    else:
+        _without_agent_settings(spec["template"]["spec"])
     container["resources"] = {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}
     if plain_http or "--plain-http" in args:
         _without_tls(spec["template"]["spec"])
     return deployment
 
 
-def _with_agent_settings(pod: dict[str, Any]) -> None:
-    """The namespace's agent settings (ConfigMap ckpt-rollout-agent) mounted for --config."""
-    if any(v["name"] == "agent-settings" for v in pod["volumes"]):
-        return
-    pod["volumes"].append({"name": "agent-settings", "configMap": {"name": "ckpt-rollout-agent"}})
-    mount = {"name": "agent-settings", "mountPath": AGENT_SETTINGS_DIR, "readOnly": True}
-    pod["containers"][0]["volumeMounts"].append(mount)
+def _without_agent_settings(pod: dict[str, Any]) -> None:
+    """The example's settings ConfigMap unmounted, for agents given only flags: their namespace
+    may have no ConfigMap ckpt-rollout-agent, and a missing one would hold the pod unstarted."""
+    pod["volumes"] = [v for v in pod["volumes"] if v["name"] != "agent-settings"]
+    container = pod["containers"][0]
+    container["volumeMounts"] = [m for m in container["volumeMounts"] if m["name"] != "agent-settings"]
 
 
 def relay_token_for(deployment: dict[str, Any], namespace: str) -> dict[str, Any]:

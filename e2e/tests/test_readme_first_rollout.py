@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from ckpt_e2e import clusterctl
 from ckpt_e2e.images import Built
@@ -110,6 +111,12 @@ def _check_what_it_left(kubectl: Kubectl, run: BlocksRun) -> None:
     (operator,) = kubectl.in_namespace("ckpt-rollout-system").json("get", "pods")["items"]
     assert operator["spec"]["nodeName"] == "ckpt-real-node"
     assert operator["spec"]["containers"][0]["image"] == "localhost/ckpt-rollout-operator:local"
+
+    # The workers ran with the fleet's settings file, which either way (the chart's agentSettings
+    # from examples/agent-settings.yaml, or the static manifest's) holds the example's settings.
+    config = rl.json("get", "configmap", "ckpt-rollout-agent")["data"]["agent.yaml"]
+    example = yaml.safe_load((ROOT / "examples" / "agent-settings.yaml").read_text())
+    assert yaml.safe_load(config) == example["agentSettings"]
 
     # No worker was Ready before the rollout: its containers were up before the CR existed, the
     # pod turned Ready only after (--await-rollout + the readiness gate), and never restarted.

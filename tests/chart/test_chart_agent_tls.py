@@ -118,9 +118,14 @@ def test_the_worker_example_serves_the_charts_secret_and_verifies_peers() -> Non
     assert volume["secret"]["secretName"] == ChartValues().agent_tls.secret_name
     container = pod["containers"][0]
     (mount,) = [m for m in container["volumeMounts"] if m["name"] == "agent-tls"]
-    flags = dict(a.removeprefix("--").split("=", 1) for a in container["args"] if "=" in a)
-    for flag, key in (("tls-cert-file", "tls.crt"), ("tls-key-file", "tls.key"), ("peer-ca-file", "ca.crt")):
-        assert flags[flag] == f"{mount['mountPath']}/{key}"
+    # The fleet's settings file the example workers run with (the chart's agentSettings).
+    settings = yaml.safe_load((ROOT / "examples" / "agent-settings.yaml").read_text())["agentSettings"]
+    for setting, key in (
+        ("tls_cert_file", "tls.crt"),
+        ("tls_key_file", "tls.key"),
+        ("peer_ca_file", "ca.crt"),
+    ):
+        assert settings[setting] == f"{mount['mountPath']}/{key}"
     # The kubelet's probes speak TLS to the API port (they do not verify).
     assert {container[p]["httpGet"]["scheme"] for p in ("livenessProbe", "readinessProbe")} == {"HTTPS"}
 
@@ -253,11 +258,11 @@ def _worker_objects(rendered: Rendered) -> list[Obj]:
 
 
 def test_uninstall_keeps_what_running_workers_use(helm: Helm) -> None:
-    """`helm uninstall` must not pull the worker ServiceAccount, its RBAC or the agents' TLS
-    Secret from under running pods."""
+    """`helm uninstall` must not pull the worker ServiceAccount, its RBAC, the agents' TLS
+    Secret or their settings ConfigMap from under running pods."""
     rendered = helm.template(None, "workerRbac.enabled=true", WORKERS)
     workers = _worker_objects(rendered)
-    assert {o["kind"] for o in workers} == {*KEPT_KINDS, "Secret"}
+    assert {o["kind"] for o in workers} == {*KEPT_KINDS, "Secret", "ConfigMap"}
     assert [(o["kind"], o["metadata"]["name"]) for o in workers if not _kept(o)] == []
     assert not _kept(rendered.one("Deployment")), "the operator itself goes"
     certificates = helm.template(

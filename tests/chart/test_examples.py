@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import tempfile
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from ckpt_rollout.chartgen.chart_files import STATIC_NAMESPACE, STATIC_RELEASE
 from ckpt_rollout.chartgen.chart_values import ChartValues
 
 EXAMPLES = ROOT / "examples"
+SETTINGS_CONFIG_MAP = "ckpt-rollout-agent"
 
 
 def _docs(path: Path) -> list[Obj]:
@@ -35,11 +37,34 @@ def _worker_container() -> Obj:
     return container
 
 
+def _example_settings() -> Any:
+    """examples/agent-settings.yaml: the chart values the example workers' settings come from."""
+    return yaml.safe_load((EXAMPLES / "agent-settings.yaml").read_text())
+
+
+def _static_settings_file() -> str:
+    """agent.yaml of the static manifest's settings ConfigMap (the `kubectl apply` path)."""
+    config_map = _one_named(EXAMPLES / "kubectl" / "operator.yaml", "ConfigMap", SETTINGS_CONFIG_MAP)
+    text: str = config_map["data"]["agent.yaml"]
+    return text
+
+
+def _one_named(path: Path, kind: str, name: str) -> Obj:
+    (found,) = [d for d in _docs(path) if d["kind"] == kind and d["metadata"]["name"] == name]
+    return found
+
+
 def _worker_settings() -> Any:
-    """The settings the example's agent runs with: its flags over the model's defaults."""
+    """The settings the example's agent runs with: its flags over the settings file it mounts
+    (the static manifest's ConfigMap) over the model's defaults."""
     from ckpt_agent.cli import agent_settings, build_parser
 
-    return agent_settings(build_parser().parse_args(["agent", *_worker_container()["args"]]), {})
+    args = build_parser().parse_args(["agent", *_worker_container()["args"]])
+    with tempfile.TemporaryDirectory() as tmp:
+        mounted = Path(tmp) / PurePosixPath(args.config).name
+        mounted.write_text(_static_settings_file())
+        args.config = str(mounted)
+        return agent_settings(args, {})
 
 
 def _flags(args: list[str]) -> dict[str, str]:
@@ -69,7 +94,7 @@ def test_worker_example_is_wired_for_the_agent() -> None:
     }
     assert "command" not in container  # the worker image's entrypoint runs the agent
     flags = _flags(container["args"])
-    assert flags["port"] == str(DEFAULT_AGENT_PORT)
+    assert _worker_settings().port == DEFAULT_AGENT_PORT
     assert container["ports"][0]["containerPort"] == DEFAULT_AGENT_PORT
     # The operator's per-namespace audience, for the namespace the agent runs in.
     assert flags["tokenreview-audience"] == agent_audience(
@@ -80,14 +105,14 @@ def test_worker_example_is_wired_for_the_agent() -> None:
 def test_worker_example_authorizes_by_rbac_and_its_relay_token_is_for_its_namespace(helm: Helm) -> None:
     """No allow-list: SubjectAccessReview decides, by what the chart grants. The example is
     for namespace rl: its peers' token is for rl's agents."""
-    flags = _flags(_worker_container()["args"])
-    assert "allowed-usernames" not in flags
-    assert "relay-allowed-usernames" not in flags
+    settings = _worker_settings()
+    assert settings.allowed_usernames == []
+    assert settings.relay_allowed_usernames == []
     pod = _one(EXAMPLES / "worker-deployment.yaml", "Deployment")["spec"]["template"]["spec"]
     relay = next(v for v in pod["volumes"] if v["name"] == "relay-token")
     (source,) = relay["projected"]["sources"]
     assert source["serviceAccountToken"]["audience"] == agent_audience("rl")
-    assert flags["relay-token-file"].startswith(
+    assert str(settings.relay_token_file).startswith(
         next(m["mountPath"] for m in _worker_container()["volumeMounts"] if m["name"] == "relay-token")
     )
 
@@ -139,6 +164,35 @@ def test_worker_example_args_parse_with_the_agent_cli() -> None:
     assert settings.allowed_usernames == []
 
 
+def test_worker_example_runs_the_agent_from_its_namespaces_settings_file() -> None:
+    """The fleet's settings come from the chart's ConfigMap, mounted read-only where --config
+    reads it; the command line keeps only what must be a flag (the audience names the pod's
+    namespace, which only the command line expands)."""
+    pod = _one(EXAMPLES / "worker-deployment.yaml", "Deployment")["spec"]["template"]["spec"]
+    container = _worker_container()
+    flags = _flags(container["args"])
+    assert sorted(flags) == ["config", "tokenreview-audience"]
+    volume = next(v for v in pod["volumes"] if v.get("configMap", {}).get("name") == SETTINGS_CONFIG_MAP)
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount["readOnly"] is True
+    assert str(PurePosixPath(mount["mountPath"]) / "agent.yaml") == flags["config"]
+
+
+def test_both_install_paths_give_the_workers_the_example_settings(helm: Helm) -> None:
+    """helm with examples/agent-settings.yaml renders the settings ConfigMap that the static
+    manifest holds, and the agent reads the example's settings from it."""
+    from ckpt_agent.settings import AgentSettings
+
+    values = {**_example_settings(), "workerRbac": {"enabled": True, "namespaces": ["rl"]}}
+    rendered = helm.template(values, release=STATIC_RELEASE, namespace=STATIC_NAMESPACE)
+    by_helm = rendered.one("ConfigMap", SETTINGS_CONFIG_MAP, "rl")["data"]["agent.yaml"]
+    assert yaml.safe_load(by_helm) == yaml.safe_load(_static_settings_file())
+    example = AgentSettings.model_validate(_example_settings()["agentSettings"])
+    assert example.model_copy(update={"tokenreview_audience": agent_audience("$(POD_NAMESPACE)")}) == (
+        _worker_settings()
+    )
+
+
 def test_worker_example_runs_as_the_worker_images_user() -> None:
     dockerfile = (ROOT / "worker_image" / "Dockerfile").read_text().splitlines()
     users = [line.split()[1] for line in dockerfile if line.startswith("USER ")]
@@ -154,11 +208,7 @@ def test_the_worker_podmonitor_scrapes_the_agents_metrics_port() -> None:
     container = _worker_container()
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
-    assert (
-        ports[endpoint["port"]]
-        == int(_flags(container["args"])["metrics-port"])
-        == DEFAULT_AGENT_METRICS_PORT
-    )
+    assert ports[endpoint["port"]] == _worker_settings().metrics_port == DEFAULT_AGENT_METRICS_PORT
     assert endpoint["path"] == "/metrics"
 
 
@@ -209,7 +259,7 @@ def test_the_checkpoint_source_is_what_the_workers_and_the_rollout_name() -> Non
     assert args.root in mounts
     cr = _one(EXAMPLES / "checkpointrollout.yaml", "CheckpointRollout")
     name = service["metadata"]["name"]
-    for uri in (cr["spec"]["source"]["uri"], _flags(_worker_container()["args"])["source"]):
+    for uri in (cr["spec"]["source"]["uri"], _worker_settings().source):
         parts = urlsplit(uri)
         assert parts.hostname in (name, f"{name}.rl.svc"), uri
         assert parts.port == port["port"], uri
