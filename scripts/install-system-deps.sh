@@ -10,7 +10,7 @@
 #   mooncake  libibverbs1 librdmacm1 ibverbs-providers libnuma1 libcurl4: the Mooncake transfer
 #             engine's engine.so links them even when it runs over TCP (the worker image,
 #             MOONCAKE != none)
-#   bench     iproute2: `ip netns`, veth and `tc` for `ckpt-rollout bench fleet` (never in an image)
+#   bench     iproute2: `ip netns`, veth and `tc` for `python -m ckpt_e2e.bench fleet` (never in an image)
 #   images    podman buildah mmdebstrap runc: build the operator and worker images from their
 #             Dockerfiles and run them without a Docker engine (e2e/ckpt_e2e/images.py); plus
 #             podman's recommends, named so a --no-install-recommends machine gets the set the

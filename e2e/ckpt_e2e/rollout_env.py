@@ -33,7 +33,7 @@ from .podruntime import Launch, PodInfo, PodRuntime
 from .procs import PortReservation, spawn, spawn_server, stop, wait_for
 from .serviceaccounts import mint_token
 
-CLI = [sys.executable, "-m", "ckpt_rollout.cli"]
+CLI = [sys.executable, "-m", "ckpt_cli"]
 AGENT_PORT = 8089
 WORKER_LABEL = "rollout-worker"
 

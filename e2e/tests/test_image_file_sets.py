@@ -143,6 +143,19 @@ def test_agent_entrypoint_help(agent_venv: Venv) -> None:
     assert "--engine" in proc.stdout
 
 
+def test_agent_file_set_runs_ckpt_rollout_with_the_agents_commands(agent_venv: Venv) -> None:
+    """The worker image's `ckpt-rollout` script has its module (ckpt_cli) and mounts the agent's
+    commands; the operator's say what to install."""
+    usage = agent_venv.run([agent_venv.bin("ckpt-rollout"), "--help"])
+    assert usage.returncode == 0, usage.stderr
+    for command in ("crd", "publish", "serve", "agent"):
+        assert command in usage.stdout
+    status = agent_venv.run([agent_venv.bin("ckpt-rollout"), "status", "fleet"])
+    assert status.returncode == 2, status.stderr
+    assert "ckpt-rollout[operator]" in status.stderr
+    assert "Traceback" not in status.stderr
+
+
 @pytest.fixture
 def running_agent(agent_venv: Venv, tmp_path: Path) -> Iterator[tuple[str, str]]:
     token = "file-set-test-token"

@@ -233,6 +233,13 @@ def test_worker_image_entrypoint_is_the_agent(built_images: dict[str, Built], na
         usage = tools.run([command, "--help"])
         assert usage.returncode == 0, usage.stderr
         assert usage.stdout.startswith("usage:")
+    # The image's `ckpt-rollout` script runs (its module, ckpt_cli, is in the image) and mounts
+    # the agent's commands.
+    cli = Container(built_images[name].tag, f"ckpt-e2e-{name}-cli", entrypoint=["ckpt-rollout"])
+    usage = cli.run(["--help"])
+    assert usage.returncode == 0, usage.stderr
+    for command in ("crd", "publish", "serve", "agent"):
+        assert command in usage.stdout
 
 
 def _get(url: str, token: str | None = None) -> tuple[int, dict[str, object]]:

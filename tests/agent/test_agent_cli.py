@@ -12,7 +12,7 @@ import pytest
 from agent_testkit import SPEC, AgentClient, Tree, ckpt_agent_process, close_to, wait_until
 
 from ckpt_agent.cli import add_commands, config_from_args
-from ckpt_e2e.bench.cli import add_commands as add_bench_commands
+from ckpt_e2e.bench.cli import build_parser as bench_parser
 from ckpt_e2e.bench.dataplane import run_dataplane
 
 
@@ -20,7 +20,6 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ckpt-rollout")
     sub = parser.add_subparsers(dest="command")
     add_commands(sub)
-    add_bench_commands(sub)
     return parser
 
 
@@ -30,9 +29,16 @@ def test_commands_register_on_a_host_parser() -> None:
         ["publish", "src", "--version", "v", "--out", "root"],
         ["serve", "root"],
         ["agent", "--no-auth"],
-        ["bench", "dataplane", "--size-mb", "8", "--json"],
     ):
         assert callable(parser.parse_args(argv).func)
+
+
+def test_benches_have_their_own_parser() -> None:
+    """`python -m ckpt_e2e.bench`, not a group of the product's `ckpt-rollout`."""
+    args = bench_parser().parse_args(["dataplane", "--size-mb", "8", "--json"])
+    assert callable(args.func)
+    assert (args.size_mb, args.json) == (8, True)
+    assert bench_parser().prog == "python -m ckpt_e2e.bench"
 
 
 def test_agent_flags_and_pod_identity_from_the_environment() -> None:

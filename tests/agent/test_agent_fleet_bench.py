@@ -81,7 +81,7 @@ def test_sweep_removes_namespaces_of_dead_runs() -> None:
 def test_bench_fleet_smoke(waves: str, sizes: list[int], from_source: list[int]) -> None:
     hosts, size_mb = 3, 4
     bench = subprocess.Popen(
-        [sys.executable, "-m", "ckpt_rollout.cli", "bench", "fleet", "--hosts", str(hosts),
+        [sys.executable, "-m", "ckpt_e2e.bench", "fleet", "--hosts", str(hosts),
          "--link-mbps", "400", "--size-mb", str(size_mb), "--waves", waves, "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -14,8 +14,8 @@ import yaml
 from chart_render import ROOT, Helm, Obj, Rendered
 
 from ckpt_api.tls import agent_server_name, ca_context, server_context
+from ckpt_cli.entry import main
 from ckpt_e2e.pki import handshake_in_memory
-from ckpt_rollout import cli
 from ckpt_rollout.chartgen.chart_values import ChartValues
 
 WORKERS = "workerRbac.namespaces={team-a,team-b}"
@@ -138,7 +138,7 @@ STATIC_MANIFEST = ROOT / "examples" / "kubectl" / "operator.yaml"
 
 def _tls_secrets(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[Obj], str]:
     """`ckpt-rollout tls-secrets ARGS`: exit code, the Secrets printed, stderr."""
-    code = cli.main(["tls-secrets", *args])
+    code = main(["tls-secrets", *args])
     out, err = capsys.readouterr()
     return code, [d for d in yaml.safe_load_all(out) if d], err
 

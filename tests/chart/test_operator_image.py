@@ -7,8 +7,8 @@ import json
 import pytest
 from chart_render import ROOT, Helm, Obj
 
+from ckpt_cli.entry import build_parser
 from ckpt_e2e.dockerfile import instructions
-from ckpt_rollout.cli import build_parser
 
 DOCKERFILE = ROOT / "operator" / "Dockerfile"
 

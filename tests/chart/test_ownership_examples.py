@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from ckpt_api.spec import DeclaredRolloutSpec
+from ckpt_cli.entry import build_parser
 from ckpt_e2e.gitops_sync import FLUX_IF_NOT_PRESENT, FLUX_SSA_ANNOTATION, argocd_target, ignored_pointers
-from ckpt_rollout import cli
 from ckpt_rollout.tools.release import publish_dir
 
 GITOPS = Path(__file__).resolve().parents[2] / "examples" / "gitops"
@@ -95,7 +95,7 @@ def test_the_trainers_release_command_works_as_written() -> None:
     """The header's `ckpt-rollout release` parses and can publish behind the CR's source: a
     served (http) source needs --publish-root, which the command must name."""
     path = GITOPS / "ownership-version-from.yaml"
-    args = cli.build_parser().parse_args(_commented_command(path, "ckpt-rollout release"))
+    args = build_parser().parse_args(_commented_command(path, "ckpt-rollout release"))
     cr = _doc(path, "CheckpointRollout")
     assert (args.rollout, args.namespace) == (cr["metadata"]["name"], cr["metadata"]["namespace"])
     assert args.source_dir is not None, "the trainer publishes its checkpoint with it"

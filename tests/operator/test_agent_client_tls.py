@@ -13,8 +13,8 @@ from ckpt_agent.agent import Agent, build_agent
 from ckpt_agent.config import AgentConfig, AuthConfig, TLSConfig
 from ckpt_api.agent_api import UpdateWeightsRequest
 from ckpt_api.tls import ca_context
+from ckpt_cli.entry import build_parser
 from ckpt_e2e.pki import ClusterPKI, agent_certificate
-from ckpt_rollout.cli import build_parser
 from ckpt_rollout.controller.config import agent_ca, config_from_args
 from ckpt_rollout.io.agent_client import AgentClient
 from ckpt_rollout.io.agent_tokens import NoToken

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ckpt_rollout.cli import build_parser
+from ckpt_cli.entry import build_parser
 from ckpt_rollout.controller.config import OperatorConfig, config_from_args
 
 

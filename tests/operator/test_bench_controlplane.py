@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 
+from ckpt_e2e.bench.cli import build_parser
 from ckpt_e2e.bench.controlplane import (
     delta,
     overhead_per_wave,
@@ -14,7 +15,6 @@ from ckpt_e2e.bench.controlplane import (
     summary_lines,
     wave_targets,
 )
-from ckpt_rollout.cli import build_parser
 
 METRICS = """\
 # HELP apiserver_request_total [STABLE] Counter of apiserver requests
@@ -86,7 +86,7 @@ def test_summary_states_ratios_against_the_targets() -> None:
 
 
 def test_registered_on_the_cli() -> None:
-    args = build_parser().parse_args(["bench", "controlplane", "--workers", "5000", "--waves", "4", "--json"])
+    args = build_parser().parse_args(["controlplane", "--workers", "5000", "--waves", "4", "--json"])
     assert (args.workers, args.waves, args.json, args.agent_reports) == (5000, 4, True, True)
     assert args.idle_seconds == 60.0
     assert callable(args.func)

@@ -12,7 +12,7 @@ def test_a_closed_pipe_ends_the_output_without_a_traceback() -> None:
     os.close(read)  # the reader left before the first line: every write fails
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "ckpt_rollout.cli", "crd"],
+            [sys.executable, "-m", "ckpt_cli", "crd"],
             stdout=write,
             stderr=subprocess.PIPE,
             text=True,

@@ -304,7 +304,7 @@ def test_release_refuses_bad_usage_before_touching_anything(
     # No kubeconfig at all: a refusal that needed the cluster would say so instead.
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "KUBECONFIG": str(tmp_path / "none")}
     proc = subprocess.run(
-        [sys.executable, "-m", "ckpt_rollout.cli", *argv], capture_output=True, text=True, env=env, timeout=60
+        [sys.executable, "-m", "ckpt_cli", *argv], capture_output=True, text=True, env=env, timeout=60
     )
     assert proc.returncode == 2, proc.stderr
     assert match in proc.stderr

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ckpt_rollout.cli import build_parser
+from ckpt_cli.entry import build_parser
 from ckpt_rollout.controller import runner
 from ckpt_rollout.controller.config import config_from_args
 

@@ -1,3 +1,3 @@
-"""Benchmarks (`ckpt-rollout bench ...`): commands that print ratios against limits measured in
+"""Benchmarks (`python -m ckpt_e2e.bench ...`): commands that print ratios against limits measured in
 the same run. Development-checkout only: neither image ships them (they need the harness and,
 for `bench fleet`, iproute2)."""

@@ -1,16 +1,18 @@
-"""`ckpt-rollout bench`: the benchmark commands, registered by `ckpt_rollout.cli` when this
-package is importable (a development checkout). Handlers import their bench lazily."""
+"""`python -m ckpt_e2e.bench dataplane|fleet|controlplane`: the benchmark commands of a
+development checkout, apart from the product's `ckpt-rollout`. Handlers import their bench
+lazily, so `--help` imports none."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ckpt_e2e.bench.fleet_plan import WAVE_MODES  # small and pure: no bench is imported with it
 
 SubParsers = Any  # argparse._SubParsersAction is private; this is what add_parser is called on
 
-COMMANDS = ("bench",)
+PROG = "python -m ckpt_e2e.bench"
 
 
 def _bench_dataplane(args: argparse.Namespace) -> int:
@@ -55,20 +57,21 @@ def _add_dataplane_and_fleet(bench_sub: SubParsers) -> None:
     p.set_defaults(func=_bench_fleet)
 
 
-def add_commands(sub: SubParsers) -> None:
-    """Register `bench dataplane|fleet|controlplane` on the `ckpt-rollout` subparsers."""
+def build_parser() -> argparse.ArgumentParser:
     from ckpt_e2e.bench.controlplane import add_command as add_controlplane
 
-    bench = sub.add_parser("bench", help="benchmarks that print ratios against limits")
-    bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH")
+    parser = argparse.ArgumentParser(prog=PROG, description="benchmarks that print ratios against limits")
+    bench_sub = parser.add_subparsers(dest="bench", metavar="BENCH")
     _add_dataplane_and_fleet(bench_sub)
     add_controlplane(bench_sub)
-    bench.set_defaults(func=_print_help_of(bench))
+    return parser
 
 
-def _print_help_of(parser: argparse.ArgumentParser) -> Any:
-    def run(_args: argparse.Namespace) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
+    if func is None:
         parser.print_help()
         return 2
-
-    return run
+    return func(args)

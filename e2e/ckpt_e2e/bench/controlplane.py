@@ -1,4 +1,4 @@
-"""`ckpt-rollout bench controlplane`: what the operator costs per wave and per worker.
+"""`python -m ckpt_e2e.bench controlplane`: what the operator costs per wave and per worker.
 
 A local control plane (the e2e harness: etcd, kube-apiserver, controller-manager, scheduler,
 kwok), N kwok pods answered by null-engine agents (loads apply at once; many agents per

@@ -1,4 +1,4 @@
-"""The environment of `ckpt-rollout bench controlplane` (test harness only): a local control
+"""The environment of `python -m ckpt_e2e.bench controlplane` (test harness only): a local control
 plane with the CRD, a null-engine fleet of N kwok pods, and the operator as a child process
 whose metrics and RSS the bench reads."""
 

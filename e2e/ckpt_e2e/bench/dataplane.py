@@ -1,4 +1,4 @@
-"""`ckpt-rollout bench dataplane`: load throughput of the file, http and mooncake (Mooncake
+"""`python -m ckpt_e2e.bench dataplane`: load throughput of the file, http and mooncake (Mooncake
 transfer engine over TCP) transports, with and without verification, against limits measured
 in the same run (memcpy, raw loopback TCP, one core's xxh3-128 rate), plus
 peak extra memory of a streamed load and the rate of `publish --link` (which costs hashing only,
@@ -462,7 +462,7 @@ def main_dataplane(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    # `python -m ckpt_e2e.bench.dataplane [dataplane flags]`, without the top-level CLI.
-    from ckpt_rollout.cli import main
+    # `python -m ckpt_e2e.bench.dataplane [flags]`, the same as `python -m ckpt_e2e.bench dataplane`.
+    from ckpt_e2e.bench.cli import main
 
-    sys.exit(main(["bench", "dataplane", *sys.argv[1:]]))
+    sys.exit(main(["dataplane", *sys.argv[1:]]))

@@ -1,4 +1,4 @@
-"""`ckpt-rollout bench fleet --hosts N --link-mbps B [--waves default|doubling]`: how long a
+"""`python -m ckpt_e2e.bench fleet --hosts N --link-mbps B [--waves default|doubling]`: how long a
 fleet takes to get a version with source-only pulls vs. wave relay, over links capped at B Mbit/s.
 
 The bench builds a private network of namespaces (`netns`): one source (`ckpt-rollout serve`),
@@ -262,19 +262,19 @@ def format_report(r: dict[str, Any]) -> str:
 def main_fleet(args: argparse.Namespace) -> int:
     reason = missing_prerequisites()
     if reason:
-        print(f"ckpt-rollout bench fleet: {reason}", file=sys.stderr)
+        print(f"bench fleet: {reason}", file=sys.stderr)
         return 2
     if args.hosts < 1:
-        print("ckpt-rollout bench fleet: --hosts must be >= 1", file=sys.stderr)
+        print("bench fleet: --hosts must be >= 1", file=sys.stderr)
         return 2
     try:
         results = run_fleet(args.hosts, args.link_mbps, args.size_mb, args.dir, args.waves)
     except (NetnsError, RuntimeError) as exc:
-        print(f"ckpt-rollout bench fleet: {exc}", file=sys.stderr)
+        print(f"bench fleet: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
         print(
-            f"ckpt-rollout bench fleet: interrupted ({exc}); namespaces and processes removed",
+            f"bench fleet: interrupted ({exc}); namespaces and processes removed",
             file=sys.stderr,
         )
         return 130

@@ -1,75 +1,19 @@
-"""`ckpt-rollout` command line: one entry point for operator, user commands, agent tools and benches.
-
-Each image installs only its own packages (the operator image: ckpt_api + ckpt_rollout; the
-worker image: ckpt_api + ckpt_agent; benches need a development checkout), so a command group is
-registered only when its package is importable, and naming a command of an absent group prints
-what to install instead of a traceback. Groups import their implementations lazily so `--help`
-and `crd` stay fast."""
+"""`ckpt-rollout` (and `kubectl ckpt`): the parser over the installed command groups, `crd`,
+`--version`, and how a command ends (an absent group's hint, a closed pipe). Groups import their
+implementations lazily so `--help` and `crd` stay fast."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+
+from ckpt_cli.groups import GROUPS, CommandGroup, absent_command
 
 Handler = Callable[[argparse.Namespace], int]
 EXIT_CLOSED_PIPE = 141
-
-
-@dataclass(frozen=True)
-class CommandGroup:
-    module: str  # defines `function(subparsers)`; imported only when its package is installed
-    function: str
-    commands: tuple[str, ...]  # what it registers: named here so an absent group can say so
-    install_hint: str
-
-    @property
-    def package(self) -> str:
-        return self.module.partition(".")[0]
-
-    def installed(self) -> bool:
-        return importlib.util.find_spec(self.package) is not None
-
-
-GROUPS: tuple[CommandGroup, ...] = (
-    CommandGroup(
-        "ckpt_rollout.controller.runner", "add_command", ("operator",), "pip install 'ckpt-rollout[operator]'"
-    ),
-    CommandGroup(
-        "ckpt_rollout.tools.commands",
-        "add_commands",
-        ("status", "watch", "pause", "resume", "promote", "abort", "retry", "dashboard"),
-        "pip install 'ckpt-rollout[operator]'",
-    ),
-    CommandGroup(
-        "ckpt_rollout.tools.release_command",
-        "add_command",
-        ("release",),
-        "pip install 'ckpt-rollout[operator]'",
-    ),
-    CommandGroup(
-        "ckpt_rollout.tools.tls_command",
-        "add_command",
-        ("tls-secrets",),
-        "pip install 'ckpt-rollout[operator]'",
-    ),
-    CommandGroup(
-        "ckpt_agent.cli",
-        "add_commands",
-        ("publish", "serve", "agent"),
-        "pip install 'ckpt-rollout[agent]' (or run the worker image)",
-    ),
-    CommandGroup(
-        "ckpt_e2e.bench.cli",
-        "add_commands",
-        ("bench",),
-        "a development checkout: `make install` in the ckpt-rollout repository",
-    ),
-)
 
 
 def _crd(args: argparse.Namespace) -> int:
@@ -112,12 +56,6 @@ def build_parser(groups: Sequence[CommandGroup] = GROUPS) -> argparse.ArgumentPa
     return parser
 
 
-def absent_command(argv: Sequence[str], groups: Sequence[CommandGroup] = GROUPS) -> CommandGroup | None:
-    """The absent group that would have provided argv's command, if any."""
-    command = next((a for a in argv if not a.startswith("-")), None)
-    return next((g for g in groups if command in g.commands and not g.installed()), None)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if (group := absent_command(args_list)) is not None:
@@ -144,7 +82,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_CLOSED_PIPE
     return code
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

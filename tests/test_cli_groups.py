@@ -1,0 +1,59 @@
+"""`ckpt-rollout` mounts the product's command groups by module name, where import-linter cannot
+follow: these tests hold the line the contracts hold for static imports. Every group is a product
+package's and registers exactly the commands it declares (an absent group's hint names them), the
+benches are not among them, and building the whole parser imports nothing of the harness."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from ckpt_cli.entry import build_parser
+from ckpt_cli.groups import GROUPS, CommandGroup, absent_command
+
+# What the command line may mount: the operator's and the agent's packages, never the harness.
+MOUNTABLE = {"ckpt_rollout", "ckpt_agent"}
+ABSENT = CommandGroup("ckpt_nowhere.commands", "add_commands", ("frobnicate",), "pip install nowhere")
+
+
+def _commands(parser: argparse.ArgumentParser) -> set[str]:
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return set(sub.choices)
+
+
+def test_every_group_belongs_to_a_product_package() -> None:
+    assert {g.package for g in GROUPS} == MOUNTABLE
+
+
+@pytest.mark.parametrize("group", GROUPS, ids=lambda g: g.module)
+def test_a_group_registers_exactly_the_commands_it_declares(group: CommandGroup) -> None:
+    assert _commands(build_parser([group])) == {"crd", *group.commands}
+
+
+def test_benches_are_not_product_commands() -> None:
+    commands = _commands(build_parser())
+    assert "bench" not in commands
+    assert {"crd", "operator", "status", "release", "publish", "serve", "agent"} <= commands
+
+
+def test_an_absent_group_is_named_with_what_to_install() -> None:
+    assert absent_command(["frobnicate", "--flag"], [*GROUPS, ABSENT]) == ABSENT
+    assert absent_command(["status", "fleet"], [*GROUPS, ABSENT]) is None  # installed here
+    epilog = build_parser([ABSENT]).epilog
+    assert epilog == "not installed: frobnicate (needs pip install nowhere)"
+    assert "frobnicate" not in _commands(build_parser([ABSENT]))
+
+
+def test_the_whole_parser_imports_nothing_of_the_harness() -> None:
+    code = (
+        "import sys\n"
+        "from ckpt_cli.entry import build_parser\n"
+        "build_parser()\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'ckpt_e2e'))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
