@@ -156,6 +156,20 @@ def test_gitops_values_pass_the_schema(helm: Helm, values: Any) -> None:
     assert rendered.one("ServiceAccount", "ckpt-rollout-worker", "rl")
 
 
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param(lambda: _argocd()["spec"]["source"]["helm"]["valuesObject"], id="argocd"),
+        pytest.param(lambda: _flux()["spec"]["values"], id="flux"),
+    ],
+)
+def test_gitops_installs_give_the_example_workers_their_settings(values: Any) -> None:
+    """Workers deployed beside a GitOps install run from the ConfigMap its values fill: the same
+    settings as examples/agent-settings.yaml, or they would start without a source or TLS."""
+    example = yaml.safe_load((EXAMPLES / "agent-settings.yaml").read_text())["agentSettings"]
+    assert values()["agentSettings"] == example
+
+
 def test_worker_example_args_parse_with_the_agent_cli() -> None:
     settings = _worker_settings()
     assert settings.port == DEFAULT_AGENT_PORT
