@@ -101,8 +101,10 @@ def test_bench_fleet_smoke(waves: str, sizes: list[int], from_source: list[int])
     assert max(r["canary_s"], r["pipelined_s"]) <= r["relay_s"]
     assert all(0.0 <= w["cpu_busy"] <= 1.0 for w in r["waves"])
     assert r["pipelined_cpu_busy"] == r["waves"][-1]["cpu_busy"]
-    # Every wave's agents verified and staged the version: that cost them CPU per MiB moved.
-    assert all(w["agent_cpu_ms_per_mib"] > 0 for w in r["waves"])
+    # The agents verified and staged the version: that cost them CPU per MiB moved. Their CPU is
+    # read from /proc in clock ticks (10 ms), and one agent's wave of 4 MiB can round to none.
+    assert all(w["agent_cpu_ms_per_mib"] >= 0 for w in r["waves"])
+    assert sum(w["agent_cpu_ms_per_mib"] for w in r["waves"]) > 0
     assert r["pipelined_agent_cpu_ms_per_mib"] == r["waves"][-1]["agent_cpu_ms_per_mib"]
     assert r["link_bound_s"] > 0
     # Every agent got the whole version exactly once (no fallback re-read anything), and the
