@@ -93,13 +93,18 @@ def test_real_node_joins_beside_kwok(real_cluster: ClusterHandle) -> None:
     assert [e["addresses"] for e in slice_["endpoints"]] == [[node.net.host_ip]]
 
 
+# The operator's own client (kubernetes_asyncio: the image carries no other).
 _IN_CLUSTER_CLIENT = """
-import json
-from kubernetes import client, config
-config.load_incluster_config()  # KUBERNETES_SERVICE_HOST: the Service IP; the SA token and CA
-configuration = client.Configuration.get_default_copy()
-review = client.AuthenticationV1Api().create_self_subject_review(client.V1SelfSubjectReview())
-print(json.dumps({"host": configuration.host, "user": review.status.user_info.to_dict()}))
+import asyncio, json
+from kubernetes_asyncio import client, config
+async def main():
+    config.load_incluster_config()  # KUBERNETES_SERVICE_HOST: the Service IP; the SA token and CA
+    configuration = client.Configuration.get_default_copy()
+    async with client.ApiClient() as api:
+        reviews = client.AuthenticationV1Api(api)
+        review = await reviews.create_self_subject_review(client.V1SelfSubjectReview())
+    print(json.dumps({"host": configuration.host, "user": review.status.user_info.to_dict()}))
+asyncio.run(main())
 """
 
 
