@@ -19,6 +19,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -70,32 +71,43 @@ def header(digest: str) -> str:
     )
 
 
-def generate(uv: str) -> str:
-    proc = subprocess.run(
-        [
-            uv,
-            "pip",
-            "compile",
-            str(PYPROJECT),
-            "--all-extras",
-            "--python-version",
-            PYTHON_VERSION,
-            "--python-platform",
-            PLATFORM,
-            "--no-header",
-            "--quiet",
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
-    return header(requirements_hash()) + proc.stdout
+def generate(uv: str, *, upgrade: bool = False) -> str:
+    """The lock's text. uv keeps every pin of an existing output file that still satisfies the
+    requirements (it reads it as preferences), so adding one requirement adds its pins and moves
+    nothing else; `upgrade` resolves every pin anew."""
+    with tempfile.TemporaryDirectory(prefix="ckpt-lock-") as scratch:
+        out = Path(scratch) / "constraints.txt"
+        if LOCK.exists() and not upgrade:
+            shutil.copyfile(LOCK, out)
+        subprocess.run(
+            [
+                uv,
+                "pip",
+                "compile",
+                str(PYPROJECT),
+                "--all-extras",
+                "--python-version",
+                PYTHON_VERSION,
+                "--python-platform",
+                PLATFORM,
+                "--no-header",
+                "--quiet",
+                "--output-file",
+                str(out),
+                *(("--upgrade",) if upgrade else ()),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
+        return header(requirements_hash()) + out.read_text()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ckpt_e2e.lockfile", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if constraints.txt is stale")
+    parser.add_argument("--upgrade", action="store_true", help="resolve every pin anew (default: keep them)")
     args = parser.parse_args(argv)
     if args.check:
         if recorded_hash() != requirements_hash():
@@ -103,7 +115,12 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     uv = shutil.which("uv") or str(Path(sys.executable).parent / "uv")
-    LOCK.write_text(generate(uv))
+    before = pins() if LOCK.exists() else {}
+    LOCK.write_text(generate(uv, upgrade=args.upgrade))
+    after = pins()
+    for name in sorted(set(before) | set(after)):
+        if before.get(name) != after.get(name):
+            print(f"  {name}: {before.get(name, '-')} -> {after.get(name, '-')}")
     print(f"wrote {LOCK.relative_to(ROOT)} ({len(pins())} pins)")
     return 0
 

@@ -7,19 +7,25 @@ A version directory (and the served tree, so any static file server is a source)
     <root>/<version>/<other file>            extra_files: config.json, tokenizer files, the index…
 
 The manifest lists every tensor (name, dtype, shape, file, byte offset, nbytes, xxh3-128) and
-every other file of the version (size, whole-file xxh3-128), each also with its sha256 (publishers
-since `sha256` was added write it for every one). Its own sha256, over the exact bytes served, is
-what `spec.source.manifestDigest` pins; an agent checks the bytes it uses against the xxh3-128
-the manifest gives for them, and bytes from a peer against the sha256: a peer chooses the bytes
-it serves, and xxh3 is not collision-resistant, so it alone could let a peer forge a tensor.
+every other file of the version (size, whole-file xxh3-128), each also with a cryptographic digest:
+BLAKE3-256 (`blake3`, format 3) or sha256 (`sha256`, what format 2 publishers wrote). Its own
+sha256, over the exact bytes served, is what `spec.source.manifestDigest` pins; an agent checks the
+bytes it uses against the xxh3-128 the manifest gives for them, and bytes from a peer or over
+Mooncake against the cryptographic digest (`strong_digest`): a peer chooses the bytes it serves,
+and xxh3 is not collision-resistant, so it alone could let a peer forge a tensor. BLAKE3 replaced
+sha256 because publishing hashes every byte on the trainer's critical path: it runs ~2.5x sha256
+on one core here (with the SHA extensions) and both digests are computed in the same pass.
 Optionally, `reference` holds what the paddle reference model answers with these weights
 (`ReferenceRecord`), for the smoke check after a load.
 
 Compatibility, for publishers and readers of different ages:
 
-- `format_version` is 2 (version 1 had no `extra_files`). Readers accept every version up to
-  theirs and refuse a higher one with an InvalidManifest naming it: a reader cannot know what a
-  newer format means.
+- `format_version` is 3 (version 1 had no `extra_files`; version 2 carried sha256 where 3 carries
+  blake3). Readers accept every version up to theirs and refuse a higher one with an
+  InvalidManifest naming it: a reader cannot know what a newer format means. A format 2 reader
+  would load a blake3-only manifest from its source but refuse every peer and Mooncake read for
+  want of a sha256, so publishers that write blake3 say format 3, and that reader says plainly
+  what it lacks; `publish --digest sha256` still writes format 2 for fleets of older agents.
 - Unknown fields, at any level, are ignored. A newer publisher may add information (a
   cryptographic digest per tensor, provenance) that older agents do not need; ignoring it lets
   nothing through unverified, since the manifest digest pins every byte of the manifest and the
@@ -39,13 +45,15 @@ import json
 import math
 import re
 from functools import cached_property
-from typing import Annotated, Any, Final, Literal, NoReturn, get_args
+from typing import Annotated, Any, Final, Literal, NamedTuple, NoReturn, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+# The cryptographic digests a record may carry, preferred first.
+StrongAlgorithm = Literal["blake3", "sha256"]
 CHECKSUM_ALGORITHM: Final = "xxh3-128"
 MANIFEST_NAME = "manifest.json"
 SCHEMA_ID = "https://rollout.ckpt.dev/schemas/manifest.schema.json"
@@ -152,15 +160,32 @@ _FILE_NAME_SCHEMA: dict[str, Any] = {
 }
 Count = Annotated[int, Field(ge=0)]
 Xxh3 = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$", description="xxh3-128, 32 lowercase hex digits")]
-# Optional: manifests published before it existed still load (their bytes never come from a peer).
-_Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+# Both optional: manifests published before either existed still load (their bytes are read from
+# the source only).
+_Hex64 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 Sha256 = Annotated[
-    _Sha256Hex | SkipJsonSchema[None],
+    _Hex64 | SkipJsonSchema[None],
     Field(
         default=None,
-        description="sha256 of the bytes, 64 lowercase hex digits: what peer bytes are checked against",
+        description="sha256 of the bytes, 64 lowercase hex digits (format 2 publishers): what bytes from "
+        "a peer or over Mooncake are checked against when there is no blake3",
     ),
 ]
+Blake3 = Annotated[
+    _Hex64 | SkipJsonSchema[None],
+    Field(
+        default=None,
+        description="BLAKE3-256 of the bytes, 64 lowercase hex digits (since format 3): what bytes from a "
+        "peer or over Mooncake are checked against",
+    ),
+]
+
+
+class StrongDigest(NamedTuple):
+    """The cryptographic digest bytes from an untrusted transport are checked against."""
+
+    algorithm: StrongAlgorithm
+    hexdigest: str
 
 
 class _Record(BaseModel):
@@ -168,15 +193,28 @@ class _Record(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
 
 
-class TensorRecord(_Record):
+class _Digested(_Record):
+    xxh3_128: Xxh3
+    sha256: Sha256
+    blake3: Blake3
+
+    @property
+    def strong_digest(self) -> StrongDigest | None:
+        """BLAKE3 where the publisher wrote it, else sha256, else None (published before both)."""
+        if self.blake3 is not None:
+            return StrongDigest("blake3", self.blake3)
+        if self.sha256 is not None:
+            return StrongDigest("sha256", self.sha256)
+        return None
+
+
+class TensorRecord(_Digested):
     name: str = Field(min_length=1, max_length=MAX_TENSOR_NAME)
     dtype: Dtype
     shape: tuple[Count, ...] = Field(max_length=MAX_RANK)
     file: str = Field(min_length=1, description="the shard holding it, a key of `files`")
     offset: Count = Field(description="first byte, from the start of the file")
     nbytes: Count = Field(description="numel * bits / 8 of its dtype; F4/F6 shapes must fill whole bytes")
-    xxh3_128: Xxh3
-    sha256: Sha256
 
     @property
     def end(self) -> int:
@@ -187,10 +225,10 @@ class ShardRecord(_Record):
     size: Count
 
 
-class ExtraFileRecord(_Record):
+class ExtraFileRecord(_Digested):
+    """Another file of the version, whole; its digests are of the whole file."""
+
     size: Count
-    xxh3_128: Xxh3 = Field(description="xxh3-128 of the whole file")
-    sha256: Sha256
 
 
 MAX_REFERENCE_OUTPUTS = 4096
@@ -289,12 +327,11 @@ class ManifestDocument(_Record):
         return max((t.nbytes for t in self.tensors), default=0)
 
     @property
-    def sha256_complete(self) -> bool:
-        """Every tensor and extra file has a sha256, so bytes from a source that chooses what it
-        sends (a peer) can be checked against it."""
-        return all(t.sha256 is not None for t in self.tensors) and all(
-            e.sha256 is not None for e in self.extra_files.values()
-        )
+    def strong_digests_complete(self) -> bool:
+        """Every tensor and extra file has a cryptographic digest, so bytes from a source that
+        chooses what it sends (a peer) can be checked against it."""
+        records: list[_Digested] = [*self.tensors, *self.extra_files.values()]
+        return all(r.strong_digest is not None for r in records)
 
     # Cached: a reader looks it up per request. model_copy keeps the cached value, so a changed
     # copy is for writing bytes only (as tests do to forge a bad manifest).
@@ -367,6 +404,7 @@ _MUST_BE = {
     "total_bytes": "an integer >= 0",
     "xxh3_128": "32 lowercase hex digits",
     "sha256": "64 lowercase hex digits",
+    "blake3": "64 lowercase hex digits",
     "shape": f"a list of at most {MAX_RANK} dimensions",
     "files": "an object",
     "extra_files": "an object",

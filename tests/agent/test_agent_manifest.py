@@ -69,7 +69,7 @@ def test_valid_manifest_parses_and_orders_tensors_by_file_offset() -> None:
 @pytest.mark.parametrize(
     ("doc", "fragment"),
     [
-        (_with("format_version", 3), "format_version"),
+        (_with("format_version", FORMAT_VERSION + 1), "format_version"),
         (_with("checksum", "sha256"), "checksum"),
         (_with("version", "v8"), "not 'v9'"),
         (_with("files", []), "files must be an object"),

@@ -236,7 +236,7 @@ async def test_a_write_into_a_mooncake_sources_memory_fails_even_an_unverified_l
 ) -> None:
     """The source registers its shard mappings, so an attacker can write them (in the source's
     private copy-on-write pages; the files are untouched). A load over mooncake:// that did not
-    ask for verification still checks sha256 and refuses the written tensor: v1 keeps serving."""
+    ask for verification still checks blake3 and refuses the written tensor: v1 keeps serving."""
     uri, url = mooncake_source
     client = await agent_factory(source=uri, initial_version="v1", apply_mode=apply_mode)
     assert (await client.wait_settled())["version"] == "v1"
@@ -251,7 +251,7 @@ async def test_a_write_into_a_mooncake_sources_memory_fails_even_an_unverified_l
     error = status["last_error"]
     assert error["reason"] == "ChecksumMismatch"
     assert entry.name in error["message"]
-    assert "sha256" in error["message"]
+    assert "blake3" in error["message"]
     assert await client.is_paused() is False
     assert close_to(await client.infer(), tree.expected("v1"))
 
@@ -267,15 +267,16 @@ async def test_an_unverified_mooncake_load_is_verified_and_says_so(
     assert close_to(await client.infer(), tree.expected("v2"))
 
 
-async def test_a_manifest_without_sha256_is_refused_over_mooncake_before_the_pause(
+async def test_a_manifest_without_a_strong_digest_is_refused_over_mooncake_before_the_pause(
     scratch_tree: Tree, agent_factory: AgentFactory
 ) -> None:
-    """Published before sha256 existed: nothing to check Mooncake bytes against, so the load is
-    refused from the manifest alone (InvalidManifest), the engine never paused."""
+    """Published before blake3 and sha256 existed: nothing to check Mooncake bytes against, so
+    the load is refused from the manifest alone (InvalidManifest), the engine never paused."""
     path = scratch_tree.root / "v2" / MANIFEST_NAME
     doc = json.loads(path.read_bytes())
+    doc["format_version"] = 2
     for item in [*doc["tensors"], *doc.get("extra_files", {}).values()]:
-        del item["sha256"]
+        del item["blake3"]
     path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     exports = directory_exports(runtime.engine_for("tcp"), scratch_tree.root, DEFAULT_MAX_MANIFEST_BYTES)
     server = AppServer(create_source_app(scratch_tree.root, exports), "127.0.0.1", 0)
@@ -289,6 +290,6 @@ async def test_a_manifest_without_sha256_is_refused_over_mooncake_before_the_pau
         await server.stop()
     assert (status["state"], status["version"]) == ("failed", "v1")
     assert status["last_error"]["reason"] == "InvalidManifest"
-    assert "lists no sha256" in status["last_error"]["message"]
+    assert "lists no blake3 or sha256" in status["last_error"]["message"]
     assert LOAD not in client.agent.service.gate.held_seconds
     assert close_to(await client.infer(), scratch_tree.expected("v1"))

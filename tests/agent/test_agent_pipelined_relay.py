@@ -234,7 +234,7 @@ async def test_a_peer_still_loading_that_serves_a_corrupted_tensor_is_dropped(
     reason = last["fallback_reason"]
     assert reason.startswith("ChecksumMismatch"), reason
     assert f"tensor {second.name!r}" in reason, reason
-    assert "sha256" in reason, "peer bytes are checked against the sha256"
+    assert "blake3" in reason, "peer bytes are checked against the blake3"
     # The peer sent the first tensor and the bad one; the bad one and all after it came from
     # the source.
     total = tree.tensor_bytes("v2")

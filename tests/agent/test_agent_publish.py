@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
+import blake3
 import numpy as np
 import paddle
 import pytest
@@ -126,3 +128,31 @@ def test_cli_prints_the_digest_and_fails_on_overwrite(
     assert json.loads(raw)["version"] == "v1"
     assert args.func(args) == 1
     assert "already exists" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "format_version", "field", "digest"),
+    [
+        ([], 3, "blake3", lambda data: blake3.blake3(data).hexdigest()),
+        (["--digest", "sha256"], 2, "sha256", lambda data: hashlib.sha256(data).hexdigest()),
+    ],
+)
+def test_publish_digest_flag_picks_the_cryptographic_digest_and_the_format(
+    tmp_path: Path, argv: list[str], format_version: int, field: str, digest: Callable[[bytes], str]
+) -> None:
+    """blake3 by default (format 3); `--digest sha256` writes what agents before format 3 read."""
+    src = tmp_path / "src"
+    write_reference_checkpoint(src, seed=2, hidden=8, layers=2, shards=2)
+    (src / "config.json").write_text("{}")
+    args = _cli(["publish", str(src), "--version", "v1", "--out", str(tmp_path / "root"), *argv])
+    assert args.func(args) == 0
+    out = tmp_path / "root" / "v1"
+    doc = json.loads((out / "manifest.json").read_bytes())
+    assert doc["format_version"] == format_version
+    other = "sha256" if field == "blake3" else "blake3"
+    for t in doc["tensors"]:
+        data = (out / t["file"]).read_bytes()[t["offset"] : t["offset"] + t["nbytes"]]
+        assert t[field] == digest(data), t["name"]
+        assert other not in t
+    assert doc["extra_files"]["config.json"][field] == digest(b"{}")
+    assert parse_manifest((out / "manifest.json").read_bytes()).strong_digests_complete

@@ -99,7 +99,7 @@ async def test_a_peer_serving_corrupted_bytes_cannot_inject_weights(
     assert status["version"] == "v2"
     assert last["fallback_reason"].startswith("ChecksumMismatch")
     assert entry.name in last["fallback_reason"]
-    assert "sha256" in last["fallback_reason"], "peer bytes are checked against the sha256"
+    assert "blake3" in last["fallback_reason"], "peer bytes are checked against the blake3"
     total = _total(tree, "v2")
     # The bad tensor and those after it from the source; those before it stayed as the peer sent them.
     assert entry.nbytes <= last["bytes_from_source"] < total

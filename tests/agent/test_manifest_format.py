@@ -22,6 +22,7 @@ from ckpt_api.manifest import (
     ExtraFileRecord,
     ManifestDocument,
     ShardRecord,
+    StrongDigest,
     TensorRecord,
     encode_manifest,
     is_valid_digest,
@@ -88,29 +89,45 @@ def test_unknown_fields_from_a_newer_publisher_are_ignored() -> None:
     doc["provenance"] = {"trainer": "x"}
     doc["files"]["a.safetensors"]["sha256"] = "f" * 64
     doc["extra_files"]["config.json"]["mode"] = 420
-    doc["tensors"][0]["blake3"] = "e" * 64
+    doc["tensors"][0]["sha3_256"] = "e" * 64
     assert _parse(doc) == _parse(_doc())
 
 
-def test_sha256_is_read_when_given_and_optional_for_older_manifests() -> None:
+@pytest.mark.parametrize("algorithm", ["blake3", "sha256"])
+def test_a_strong_digest_is_read_when_given_and_optional_for_older_manifests(algorithm: str) -> None:
     doc = _doc()
-    doc["tensors"][0]["sha256"] = "e" * 64
-    doc["extra_files"]["config.json"]["sha256"] = "d" * 64
+    doc["tensors"][0][algorithm] = "e" * 64
+    doc["extra_files"]["config.json"][algorithm] = "d" * 64
     manifest = _parse(doc)
-    assert manifest.tensors[0].sha256 == "e" * 64
-    assert manifest.extra_files["config.json"].sha256 == "d" * 64
-    assert json.loads(encode_manifest(manifest))["tensors"][0]["sha256"] == "e" * 64
+    assert manifest.tensors[0].strong_digest == (algorithm, "e" * 64)
+    assert manifest.extra_files["config.json"].strong_digest == (algorithm, "d" * 64)
+    assert manifest.strong_digests_complete
+    assert json.loads(encode_manifest(manifest))["tensors"][0][algorithm] == "e" * 64
     older = _parse(_doc())
-    assert older.tensors[0].sha256 is None
+    assert older.tensors[0].strong_digest is None
     # Absent from what it encodes back to, so an older manifest's bytes (and digest) are unchanged.
-    assert "sha256" not in json.loads(encode_manifest(older))["tensors"][0]
-    assert not older.sha256_complete
+    assert algorithm not in json.loads(encode_manifest(older))["tensors"][0]
+    assert not older.strong_digests_complete
+
+
+def test_blake3_is_preferred_where_a_record_carries_both() -> None:
+    doc = _doc()
+    doc["tensors"][0] |= {"sha256": "a" * 64, "blake3": "b" * 64}
+    assert _parse(doc).tensors[0].strong_digest == StrongDigest("blake3", "b" * 64)
+
+
+def test_one_record_without_a_strong_digest_leaves_the_manifest_incomplete() -> None:
+    doc = _doc()
+    doc["tensors"][0]["blake3"] = "e" * 64
+    assert not _parse(doc).strong_digests_complete, "the extra file has none"
+    doc["extra_files"]["config.json"]["sha256"] = "d" * 64
+    assert _parse(doc).strong_digests_complete
 
 
 def test_a_newer_format_version_is_refused_by_name() -> None:
-    message = _refused(_doc() | {"format_version": 3})
-    assert "unsupported format_version 3" in message
-    assert "reads 1 to 2" in message
+    message = _refused(_doc() | {"format_version": 4})
+    assert "unsupported format_version 4" in message
+    assert "reads 1 to 3" in message
 
 
 def test_format_version_1_without_extra_files_still_reads_and_encodes_back() -> None:
@@ -133,6 +150,10 @@ def test_format_version_1_without_extra_files_still_reads_and_encodes_back() -> 
         (
             {"extra_files": {"config.json": {"size": 1, "xxh3_128": "0" * 32, "sha256": "F" * 64}}},
             "sha256 must be 64 lowercase hex",
+        ),
+        (
+            {"extra_files": {"config.json": {"size": 1, "xxh3_128": "0" * 32, "blake3": "0" * 63}}},
+            "blake3 must be 64 lowercase hex",
         ),
         ({"format_version": "2"}, "unsupported format_version"),
         ({"format_version": True}, "unsupported format_version"),
@@ -160,6 +181,7 @@ def test_encoding_round_trips_every_field() -> None:
         nbytes=4,
         xxh3_128="1" * 32,
         sha256="3" * 64,
+        blake3="5" * 64,
     )
     manifest = ManifestDocument(
         format_version=FORMAT_VERSION,
@@ -167,7 +189,7 @@ def test_encoding_round_trips_every_field() -> None:
         checksum=CHECKSUM_ALGORITHM,
         files={"a.safetensors": ShardRecord(size=64)},
         tensors=(tensor,),
-        extra_files={"config.json": ExtraFileRecord(size=3, xxh3_128="2" * 32, sha256="4" * 64)},
+        extra_files={"config.json": ExtraFileRecord(size=3, xxh3_128="2" * 32, blake3="4" * 64)},
     )
     raw = encode_manifest(manifest)
     assert parse_manifest(raw) == manifest

@@ -48,7 +48,7 @@ def test_another_seed_is_another_checkpoint_and_the_shape_follows_the_flags(tmp_
     small = ["--model-hidden", "8", "--model-layers", "3", "--model-outputs", "2"]
     assert _run("publish", "--example", "1", *small, "--version", "c", "--out", str(root)) == 0
     tensors = {v: parse_manifest((root / v / MANIFEST_NAME).read_bytes()).tensors for v in "abc"}
-    assert [t.sha256 for t in tensors["a"]] != [t.sha256 for t in tensors["b"]]
+    assert [t.strong_digest for t in tensors["a"]] != [t.strong_digest for t in tensors["b"]]
     assert {t.name: tuple(t.shape) for t in tensors["c"]} == ReferenceModelSpec(8, 3, 2).parameter_shapes()
 
 

@@ -92,6 +92,7 @@ def _publish_from(args: argparse.Namespace, src: Path, reference: ReferenceRecor
             threads=args.threads,
             reporter=reporter,
             reference=reference,
+            digest=args.digest,
         )
     except PublishError as exc:
         print(f"ckpt-rollout publish: {' '.join(str(exc).split())}", file=sys.stderr)
@@ -326,6 +327,14 @@ def add_commands(sub: SubParsers) -> None:
         "the same filesystem costs hashing only; the source must never be modified afterwards",
     )
     p.add_argument("--threads", type=int, default=None, help="hashing threads (default: one per core)")
+    p.add_argument(
+        "--digest",
+        choices=["blake3", "sha256"],
+        default="blake3",
+        help="cryptographic digest of every tensor and file, what bytes from a peer or over Mooncake "
+        "are checked against (default blake3, manifest format 3; sha256 writes format 2, for agents "
+        "older than format 3, at ~2.5x blake3's hashing cost)",
+    )
     p.add_argument(
         "--reference",
         metavar="FILE",

@@ -156,7 +156,7 @@ class FiniteScan:
         self._values = 0  # values scanned so far
         self._carry = b""
 
-    def update(self, piece: memoryview, each_block: Callable[[memoryview], None] | None = None) -> None:
+    def update(self, piece: memoryview, each_block: Callable[[memoryview], object] | None = None) -> None:
         view = piece.cast("B") if piece.format != "B" or piece.ndim != 1 else piece
         fmt = self._fmt
         if fmt is None or self.found is not None:

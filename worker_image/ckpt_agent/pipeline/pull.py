@@ -121,30 +121,32 @@ async def open_version(
             expected_digest=job.manifest_digest,
             max_bytes=max_manifest_bytes,
         )
-        if is_untrusted(transport) and not manifest.sha256_complete:
+        if is_untrusted(transport) and not manifest.strong_digests_complete:
             # Decided before any byte moves (and before the engine pauses), so a peer's
             # fallback costs nothing but the manifest.
-            raise _no_sha256(transport, job.version)
+            raise _no_strong_digest(transport, job.version)
     except BaseException:
         transport.close()
         raise
     return transport, manifest, digest, raw
 
 
-def _no_sha256(transport: Transport, version: str) -> LoadError:
-    published_before = "lists no sha256 for some tensors or files (published before sha256 was added)"
+def _no_strong_digest(transport: Transport, version: str) -> LoadError:
+    published_before = (
+        "lists no blake3 or sha256 for some tensors or files (published before either was added)"
+    )
     if isinstance(transport, PeerTransport):
         return PeerError(
             Reason.CHECKSUM_MISMATCH,
             f"peer {transport.peer_uri} not used: the manifest of {version} {published_before}, and "
-            "bytes from a peer are checked against sha256 only; loading from the source",
+            "bytes from a peer are checked against a cryptographic digest only; loading from the source",
         )
     scheme = urlsplit(transport.uri).scheme
     return LoadError(
         Reason.INVALID_MANIFEST,
         f"the manifest of {version} {published_before}, and bytes read over {scheme}:// are checked "
-        "against sha256 only (anyone who reaches the server's transfer engine can write "
-        "the memory it serves); republish the version, or load it over http(s)",
+        "against a cryptographic digest only (anyone who reaches the server's transfer engine can "
+        "write the memory it serves); republish the version, or load it over http(s)",
     )
 
 

@@ -3,9 +3,9 @@ verifying each tensor's xxh3-128 as its bytes land.
 
 Bytes read through an untrusted transport (`transport.is_untrusted`: a peer, which picks the
 bytes it serves, or a Mooncake source, whose served memory anyone reaching its engine can write)
-are always verified, and against the manifest's sha256 instead: the manifest comes from the
-source, and xxh3 is not collision-resistant. sha256 runs several times slower than xxh3, so only
-those bytes pay for it.
+are always verified, and against the manifest's cryptographic digest instead (BLAKE3, or sha256
+in a format 2 manifest): the manifest comes from the source, and xxh3 is not collision-resistant.
+Those digests run several times slower than xxh3, so only those bytes pay for them.
 
 Bytes are read in chunks straight into the destination buffer and hashed chunk by chunk while
 still in cache, so verification costs one extra pass over hot memory rather than a second trip
@@ -23,20 +23,17 @@ checksum has matched, and before `on_tensor` (the apply, or nothing until the st
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import threading
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol
-
-import xxhash
 
 from ckpt_agent.common.errors import LoadError, Reason
 from ckpt_agent.formats.manifest import parse_manifest
 from ckpt_agent.pipeline.finite import FiniteScan, can_hold_non_finite
 from ckpt_agent.transport import ByteStream, Transport, is_untrusted
-from ckpt_api.manifest import ManifestDocument, TensorRecord, manifest_digest
+from ckpt_api.manifest import ManifestDocument, StrongDigest, TensorRecord, manifest_digest
+from ckpt_source.digests import Hasher, strong_hasher, xxh3_hasher
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 # Gaps between tensors up to this size are read and dropped instead of opening a new range.
@@ -116,19 +113,13 @@ def plan_runs(
     return runs
 
 
-class _Hasher(Protocol):
-    def update(self, data: memoryview, /) -> None: ...
-
-    def hexdigest(self) -> str: ...
-
-
 @dataclass(frozen=True)
 class Check:
     """One digest to compare bytes against: the algorithm's name (for messages), a fresh hasher
     and the manifest's value."""
 
     algorithm: str
-    hasher: _Hasher
+    hasher: Hasher
     expected: str
 
     def mismatch(self, what: str) -> str | None:
@@ -137,20 +128,21 @@ class Check:
         return None if got == self.expected else f"{what}: {self.algorithm} {got} != manifest {self.expected}"
 
 
-def check_for(xxh3_128: str, sha256: str | None, *, untrusted: bool, what: str) -> Check:
-    """The digest bytes are checked against: sha256 for an untrusted transport's, xxh3-128 for
-    the others'. Untrusted bytes without a sha256 to check are refused (a ChecksumMismatch, so a
-    load from a peer falls back to the source): the manifest predates sha256, and xxh3 alone
-    cannot stop a forgery. (`pull.open_version` refuses such a manifest before any byte moves.)"""
+def check_for(xxh3_128: str, strong: StrongDigest | None, *, untrusted: bool, what: str) -> Check:
+    """The digest bytes are checked against: the cryptographic one (BLAKE3 or sha256) for an
+    untrusted transport's, xxh3-128 for the others'. Untrusted bytes without a cryptographic digest
+    to check are refused (a ChecksumMismatch, so a load from a peer falls back to the source): the
+    manifest predates them, and xxh3 alone cannot stop a forgery. (`pull.open_version` refuses
+    such a manifest before any byte moves.)"""
     if not untrusted:
-        return Check("xxh3-128", xxhash.xxh3_128(), xxh3_128)
-    if sha256 is None:
+        return Check("xxh3-128", xxh3_hasher(), xxh3_128)
+    if strong is None:
         raise LoadError(
             Reason.CHECKSUM_MISMATCH,
-            f"{what}: the manifest gives no sha256, which bytes from a peer or over Mooncake are "
-            "checked against",
+            f"{what}: the manifest gives no blake3 or sha256, which bytes from a peer or over "
+            "Mooncake are checked against",
         )
-    return Check("sha256", hashlib.sha256(), sha256)
+    return Check(strong.algorithm, strong_hasher(strong.algorithm), strong.hexdigest)
 
 
 def fetch_manifest(
@@ -200,7 +192,7 @@ def read_extra_files(
         finally:
             stream.close()
         what = f"extra file {name} of {manifest.version}"
-        check = check_for(extra.xxh3_128, extra.sha256, untrusted=untrusted, what=what)
+        check = check_for(extra.xxh3_128, extra.strong_digest, untrusted=untrusted, what=what)
         check.hasher.update(memoryview(buf))
         mismatch = check.mismatch(what)
         if mismatch is not None:
@@ -291,7 +283,7 @@ class _ReadAhead:
         self._pool.shutdown(wait=True)
 
 
-def _inspect(piece: memoryview, hasher: _Hasher | None, scan: FiniteScan | None) -> None:
+def _inspect(piece: memoryview, hasher: Hasher | None, scan: FiniteScan | None) -> None:
     if scan is None:
         if hasher is not None:
             hasher.update(piece)
@@ -315,7 +307,9 @@ def _read_tensor(
 ) -> None:
     what = f"tensor {entry.name!r} in {entry.file}"
     checked = verify or untrusted
-    check = check_for(entry.xxh3_128, entry.sha256, untrusted=untrusted, what=what) if checked else None
+    check = None
+    if checked:
+        check = check_for(entry.xxh3_128, entry.strong_digest, untrusted=untrusted, what=what)
     hasher = None if check is None else check.hasher
     scan = FiniteScan(entry.dtype) if check_finite and can_hold_non_finite(entry.dtype) else None
     # Transports that move bytes in their own threads (Mooncake) go fastest when handed a whole

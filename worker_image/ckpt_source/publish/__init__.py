@@ -5,7 +5,8 @@ A source is an HF-style model directory (sharded with `*.safetensors.index.json`
 (`sources` says what is kept and skipped, and the index rules). The version holds the shards
 byte for byte (linked, reflinked or copied: `placing`), every other file of the checkpoint, a
 generated `model.safetensors.index.json` when there are several shards and no index, and the
-manifest listing every tensor and file with its xxh3-128 and sha256 (`hashing`).
+manifest listing every tensor and file with its xxh3-128 and BLAKE3 (`hashing`; `digest="sha256"`
+writes a format 2 manifest with sha256 instead, for a fleet whose agents predate format 3).
 
 Atomic: everything lands in a hidden temporary directory next to the version, renamed into place
 last, so a source never serves a half-written version, an existing version is never overwritten,
@@ -33,6 +34,8 @@ from ckpt_api.manifest import (
     ManifestDocument,
     ReferenceRecord,
     ShardRecord,
+    StrongAlgorithm,
+    StrongDigest,
     TensorRecord,
     encode_manifest,
     manifest_digest,
@@ -116,10 +119,11 @@ def publish(
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     link: bool = False,
     reference: ReferenceRecord | None = None,
+    digest: StrongAlgorithm = "blake3",
 ) -> str:
     """Publish `src` as `version` under `out_root`; returns the manifest digest."""
     return publish_version(
-        src, version, out_root, shard_bytes=shard_bytes, link=link, reference=reference
+        src, version, out_root, shard_bytes=shard_bytes, link=link, reference=reference, digest=digest
     ).digest
 
 
@@ -148,12 +152,15 @@ def publish_version(
     threads: int | None = None,
     reporter: Reporter | None = None,
     reference: ReferenceRecord | None = None,
+    digest: StrongAlgorithm = "blake3",
 ) -> PublishResult:
     """Publish `src` as `version` under `out_root`.
 
     `link` places source files with a hard link where it can (see `placing`); `methods` overrides
     the order tried (e.g. `("copy",)` to always copy). `reference`: the reference model's
     outputs with these weights, for the manifest (see `ckpt_api.manifest.ReferenceRecord`).
+    `digest`: the cryptographic digest of every tensor and file; "sha256" writes format 2, which
+    agents older than format 3 read.
     PublishError for bad input, one line naming the file; nothing is left under `out_root` then.
     """
     started = time.monotonic()
@@ -176,10 +183,10 @@ def publish_version(
     tmp.mkdir()
     try:
         files, tensors, extra_files = _build(
-            src, tmp, plan, order, shard_bytes, threads or default_threads(), report
+            src, tmp, plan, order, shard_bytes, threads or default_threads(), report, digest
         )
         manifest = ManifestDocument(
-            format_version=FORMAT_VERSION,
+            format_version=FORMAT_VERSION if digest == "blake3" else 2,
             version=version,
             checksum=CHECKSUM_ALGORITHM,
             files={f.name: ShardRecord(size=f.bytes) for f in files if f.kind == "shard"},
@@ -233,6 +240,7 @@ def _build(
     shard_bytes: int,
     threads: int,
     report: Reporter,
+    strong: StrongAlgorithm,
 ) -> tuple[list[PublishedFile], list[TensorRecord], dict[str, ExtraFileRecord]]:
     """Fill `tmp` with the version's files and hash them; the manifest's contents."""
     method: dict[str, str] = {}
@@ -267,7 +275,9 @@ def _build(
         report.file_done(name, sizes[name], method[name])
 
     try:
-        digests = hash_spans(tmp, spans, threads=threads, advance=report.advance, file_done=file_done)
+        digests = hash_spans(
+            tmp, spans, threads=threads, advance=report.advance, file_done=file_done, strong=strong
+        )
     except (OSError, ValueError) as exc:
         raise PublishError(f"hashing the version failed: {exc}") from None
     for name, tensors in shards:
@@ -286,18 +296,25 @@ def _build(
                 "offset": t.offset,
                 "nbytes": t.nbytes,
                 "xxh3_128": digest.xxh3_128,
-                "sha256": digest.sha256,
+                **_strong_field(digest.strong),
             }
         )
         for (name, t), digest in zip(located, tensor_digests, strict=True)
     ]
     extra_files = {
-        name: ExtraFileRecord(size=sizes[name], xxh3_128=digest.xxh3_128, sha256=digest.sha256)
+        name: ExtraFileRecord.model_validate(
+            {"size": sizes[name], "xxh3_128": digest.xxh3_128, **_strong_field(digest.strong)}
+        )
         for name, digest in zip(extras, extra_digests, strict=True)
     }
     files = [PublishedFile(name, "shard", sizes[name], method[name]) for name, _ in shards]
     files += [PublishedFile(name, "extra", sizes[name], method[name]) for name in extras]
     return files, tensor_entries, extra_files
+
+
+def _strong_field(strong: StrongDigest | None) -> dict[str, str]:
+    """A record's cryptographic digest under its algorithm's field name."""
+    return {} if strong is None else {strong.algorithm: strong.hexdigest}
 
 
 def _place(source: SourceFile, tmp: Path, order: tuple[str, ...], report: Reporter) -> str:
