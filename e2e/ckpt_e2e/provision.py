@@ -224,6 +224,9 @@ def build(component: Component, jobs: int, names: list[str] | None = None) -> No
                         "-p",
                         str(jobs),
                         "-trimpath",
+                        # The linker drops DWARF anyway (-w); not generating it in the compiler
+                        # saves ~11% of a cold build's CPU (kwok: 199 -> 176 CPU-s).
+                        "-gcflags=all=-dwarf=false",
                         *(("-tags", ",".join(component.tags)) if component.tags else ()),
                         "-ldflags",
                         " ".join(("-s", "-w", *component.ldflags)),
