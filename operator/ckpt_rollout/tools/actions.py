@@ -46,14 +46,17 @@ class Target:
 
 
 def connect(target: Target) -> tuple[BlockingKube, str]:
-    """(the client, the namespace): the flag's namespace, else the context's, else default."""
+    """(the client, the namespace): the flag's namespace, else that of the context used (the
+    `--context` one, else the current one), else default."""
     from kubernetes_asyncio import config
 
     try:
         kube = BlockingKube.from_kubeconfig(target.kubeconfig, target.context)
         namespace = target.namespace
         if namespace is None:
-            _, active = config.list_kube_config_contexts(config_file=target.kubeconfig)
+            contexts, active = config.list_kube_config_contexts(config_file=target.kubeconfig)
+            if target.context is not None:
+                active = next((c for c in contexts or [] if c.get("name") == target.context), None)
             namespace = (active or {}).get("context", {}).get("namespace") or "default"
     except (config.ConfigException, OSError) as exc:
         raise ActionError(f"no usable kubeconfig: {exc}", EXIT_UNREACHABLE) from None
