@@ -25,7 +25,8 @@ as FastDeploy's engine runs them inline on one thread.
 
 Each rank holds a version; a version listed in `failures` fails on the ranks named there,
 leaving those ranks half-written (a mix, as FastDeploy's in-place writes leave) while the others
-load it; `stale_ranks` answer success but keep their old weights; versions in `nan_versions`
+load it; `stale_ranks` answer success but keep their old weights; `silent_ranks[version]`
+load that version but their result is missing from the reply (a rank whose answer was lost); versions in `nan_versions`
 hold NaN weights (a generation then decodes empty text). Every engine call is recorded in order,
 so tests can check the agent's sequence (generations are kept apart, in `generator.requests`).
 """
@@ -84,6 +85,7 @@ class FastDeployStandIn:
         self.calls: list[tuple[str, Any]] = []
         self.failures: dict[str, MidLoadFailure] = {}
         self.stale_ranks: set[int] = set()
+        self.silent_ranks: dict[str, set[int]] = {}
         self.nan_versions: set[str] = set()
         self.generator = Generator()  # what /v1/completions answers (set `fault` for garbage)
         # False: every pause is undone at once, as by another client's resume behind our back.
@@ -264,7 +266,8 @@ class FastDeployStandIn:
                 self.ranks[rank] = _half(old, version)
             else:
                 self.ranks[rank] = version
-                results.append(self._rank(rank, version, started))
+                if rank not in self.silent_ranks.get(version, set()):
+                    results.append(self._rank(rank, version, started))
         if fault is not None and fault.ranks & set(range(len(self.ranks))):
             rank = min(fault.ranks)
             raise RuntimeError(

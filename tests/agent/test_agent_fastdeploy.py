@@ -20,7 +20,9 @@ from fastdeploy_standin import PAUSE_REQUIRED, FastDeployStandIn, MidLoadFailure
 
 from ckpt_agent.cli import add_commands, config_from_args
 from ckpt_agent.config import ConfigError
+from ckpt_agent.engines.fastdeploy import rank_shortfall
 from ckpt_agent.service.reporting import DisabledReporter
+from ckpt_api.agent_api import RankResult
 
 ROLLOUT = {"namespace": "rl", "name": "fleet", "uid": "u", "wave": 0}
 AGENT_ARGV = ["agent", "--no-auth", "--plain-http", "--engine", "fastdeploy"]
@@ -215,6 +217,49 @@ async def test_a_rank_on_another_version_is_caught_and_undone(agent_factory: Age
         assert [a["version"] for n, a in fastdeploy.calls if n == "update_weights"] == ["v2", "v1"]
     finally:
         await fastdeploy.server.stop()
+
+
+@pytest.mark.parametrize("expected", [3, None])
+async def test_a_success_missing_a_rank_fails_when_the_rank_count_is_known(
+    agent_factory: AgentFactory, expected: int | None
+) -> None:
+    """Rank 2 loads but its result never comes back: with `fastdeploy_ranks` the success is not
+    believed (rank 2 cannot be vouched for) and v1 is loaded back on every rank; without it the
+    agent cannot know a rank is missing, and takes the success as FastDeploy gives it."""
+    fastdeploy = await _standin(tp=3)
+    try:
+        fastdeploy.silent_ranks["v2"] = {2}
+        client = await _agent(agent_factory, fastdeploy, fastdeploy_ranks=expected)
+        assert (await client.update("v2"))[0] == 202
+        status = await client.wait_settled()
+        if expected is None:
+            assert (status["state"], status["version"]) == ("idle", "v2")
+            return
+        message = status["last_error"]["message"]
+        assert "update_weights v2: 2 rank results, expected ranks 0..2: missing 2" in message
+        assert (status["state"], status["version"], status["weights_lost"]) == ("failed", "v1", False)
+        assert [a["version"] for n, a in fastdeploy.calls if n == "update_weights"] == ["v2", "v1"]
+        assert fastdeploy.paused is False
+    finally:
+        await fastdeploy.server.stop()
+
+
+@pytest.mark.parametrize(
+    ("ranks", "expected", "wrong"),
+    [
+        ([0, 1, 2], 3, None),
+        ([2, 0, 1], 3, None),  # any order
+        ([0, 1], 3, "missing 2"),
+        ([0, 0, 1], 3, "missing 2; repeated 0"),
+        ([0, 1, 5], 3, "missing 2; unknown 5"),
+        ([None, None], 2, None),  # no rank field: its position
+        ([None, 0], 2, "missing 1; repeated 0"),
+        ([0, 1, 2], 2, "unknown 2"),
+    ],
+)
+def test_rank_shortfall(ranks: list[int | None], expected: int, wrong: str | None) -> None:
+    result = [RankResult(version="v", rank=r) for r in ranks]
+    assert rank_shortfall(result, expected) == wrong
 
 
 async def test_a_refusal_before_any_rank_ran_changes_nothing(

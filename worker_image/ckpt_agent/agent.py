@@ -74,6 +74,7 @@ def create_engine(config: AgentConfig) -> Engine:
             api_key=config.fastdeploy_bearer(),
             update_timeout=config.fastdeploy_update_timeout,
             max_manifest_bytes=config.max_manifest_bytes,
+            ranks=config.fastdeploy_ranks,
         )
     # Only the paddle engine imports paddle (seconds of import time, hundreds of MB).
     from ckpt_agent.engines.paddle_engine import PaddleEngine

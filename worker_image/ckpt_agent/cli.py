@@ -187,6 +187,7 @@ def config_from_settings(settings: AgentSettings, host: str | None, environ: Map
         sglang_admin_api_key_file=s.sglang_admin_api_key_file,
         fastdeploy_update_timeout=s.fastdeploy_update_timeout,
         fastdeploy_api_key_file=s.fastdeploy_api_key_file,
+        fastdeploy_ranks=s.fastdeploy_ranks,
         # FastDeploy reads FD_API_KEY as comma-separated keys and accepts any; one is enough.
         fastdeploy_api_key=environ.get("FD_API_KEY", "").split(",")[0].strip() or None,
         sync_update_timeout=s.sync_update_timeout,

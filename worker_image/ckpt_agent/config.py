@@ -129,6 +129,8 @@ class AgentConfig:
     # FastDeploy's --api-key, sent as `Authorization: Bearer`: a file (a mounted Secret), else
     # FastDeploy's own variable FD_API_KEY (its first key), read from the environment.
     fastdeploy_api_key_file: Path | None = None
+    # The ranks update_weights must report (None: not checked against a count).
+    fastdeploy_ranks: int | None = None
     fastdeploy_api_key: str | None = field(default=None, repr=False)
     # How long a synchronous update_weights (a FastDeploy client's) waits for its load.
     sync_update_timeout: float = _DEFAULTS.sync_update_timeout

@@ -135,6 +135,13 @@ class AgentSettings(BaseModel):
         description="seconds to wait for FastDeploy's update_weights (FastDeploy's API server gives up "
         "after 600 s and answers itself)",
     )
+    fastdeploy_ranks: int | None = Field(
+        None,
+        ge=1,
+        description="tensor-parallel ranks the FastDeploy server runs: a successful update_weights must "
+        "report each of ranks 0..N-1 with the version, else the load fails and the previous version is "
+        "loaded back (unset: every rank that answers must report the version, however many answer)",
+    )
     fastdeploy_api_key_file: Path | None = Field(
         None, description="file holding FastDeploy's --api-key, sent as a bearer token (unset: $FD_API_KEY)"
     )

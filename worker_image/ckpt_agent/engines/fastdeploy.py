@@ -103,6 +103,22 @@ class _Refused(LoadError):
         return 400 <= self.status < 500 or self.said.endswith(PAUSE_REQUIRED)
 
 
+def rank_shortfall(result: list[RankResult], expected: int) -> str | None:
+    """What is wrong with the ranks a success reports, against ranks 0..expected-1: None when each
+    reports exactly once; else which are missing, repeated or unknown. A result without a rank
+    field counts as the rank of its position."""
+    seen = [r.rank if r.rank is not None else i for i, r in enumerate(result)]
+    missing = sorted(set(range(expected)) - set(seen))
+    repeated = sorted({r for r in seen if seen.count(r) > 1})
+    unknown = sorted({r for r in seen if not 0 <= r < expected})
+    parts = [
+        f"{what} {', '.join(map(str, ranks))}"
+        for what, ranks in (("missing", missing), ("repeated", repeated), ("unknown", unknown))
+        if ranks
+    ]
+    return "; ".join(parts) or None
+
+
 class FastDeployEngine:
     name = "fastdeploy"
     supports_infer = False
@@ -129,8 +145,12 @@ class FastDeployEngine:
         update_timeout: float = DEFAULT_UPDATE_TIMEOUT_S,
         max_manifest_bytes: int = DEFAULT_MAX_MANIFEST_BYTES,
         resume_attempts: int = 3,
+        ranks: int | None = None,
     ) -> None:
         self._api_key = api_key
+        # FastDeploy answers with one result per rank that ran; a rank that never answered is
+        # simply absent, so a count is the only way to see it (None: not checked).
+        self._ranks = ranks
         self._control_timeout = control_timeout
         self._pause_timeout = pause_timeout
         self._update_timeout = update_timeout
@@ -223,6 +243,14 @@ class FastDeployEngine:
                 f"FastDeploy update_weights {version}: {len(wrong)} of {len(result)} ranks report another "
                 f"version ({', '.join(wrong)})",
             )
+        if self._ranks is not None:
+            missing = rank_shortfall(result, self._ranks)
+            if missing:
+                raise LoadError(
+                    Reason.ENGINE_ERROR,
+                    f"FastDeploy update_weights {version}: {len(result)} rank results, expected ranks "
+                    f"0..{self._ranks - 1}: {missing}",
+                )
         return result
 
     async def _undo(self, job: LoadJob, failure: LoadError) -> LoadError:
