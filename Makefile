@@ -35,14 +35,14 @@ install: $(VENV)/.installed
 system-deps:
 	bash scripts/install-system-deps.sh dev
 
-# Every pin comes from constraints.txt (make lock), as in both images. --no-compile: Python
-# compiles what a test imports when it first does, rather than all of site-packages up front
-# (27 s of a core on a cold set-up, mostly modules nothing imports). The harness and benches
+# Every pin comes from constraints.txt (make lock), as in both images. pip byte-compiles: with
+# PYTHONDONTWRITEBYTECODE set (as on CI's machines) nothing else would, and every agent process would
+# compile paddle anew (a cold CI ran 4.5 min longer with --no-compile). The harness and benches
 # (e2e/ckpt_e2e) are not in the wheel: a .pth file puts e2e/ on the venv's path.
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade --quiet pip
-	$(BIN)/pip install --quiet --no-compile -c constraints.txt -e '.[operator,agent,paddle,mooncake,dev]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[operator,agent,paddle,mooncake,dev]'
 	echo "$(CURDIR)/e2e" > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/ckpt-rollout-harness.pth"
 	touch $@
 

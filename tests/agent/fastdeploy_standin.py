@@ -26,9 +26,10 @@ as FastDeploy's engine runs them inline on one thread.
 Each rank holds a version; a version listed in `failures` fails on the ranks named there,
 leaving those ranks half-written (a mix, as FastDeploy's in-place writes leave) while the others
 load it; `stale_ranks` answer success but keep their old weights; `silent_ranks[version]`
-load that version but their result is missing from the reply (a rank whose answer was lost); versions in `nan_versions`
-hold NaN weights (a generation then decodes empty text). Every engine call is recorded in order,
-so tests can check the agent's sequence (generations are kept apart, in `generator.requests`).
+load that version but their result is missing from the reply (a rank whose answer was lost);
+versions in `nan_versions` hold NaN weights (a generation then decodes empty text). Every engine
+call is recorded in order, so tests can check the agent's sequence (generations are kept apart,
+in `generator.requests`).
 """
 
 from __future__ import annotations
