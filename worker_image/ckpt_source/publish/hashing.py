@@ -2,8 +2,8 @@
 other file of a version, on all cores.
 
 Both digests come from one pass: each block is hashed by xxh3 and then by the strong digest while
-it is still in cache, so the strong digest costs its own compute (BLAKE3 ~4x xxh3's here, sha256
-~10x) but no second read of the version. The hashers release the GIL while they hash, so threads
+it is still in cache, so the strong digest costs its own compute (BLAKE3 ~5x xxh3's here, sha256
+~13x) but no second read of the version. The hashers release the GIL while they hash, so threads
 scale. Files are
 memory-mapped and hashed in place: reading them into buffers first costs a copy, measured at half
 the rate here. A mapped file that shrinks under us kills the process with SIGBUS, which is one
