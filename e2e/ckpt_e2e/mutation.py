@@ -216,15 +216,24 @@ def stage(work: Path, mutated: tuple[str, ...] = MUTATED) -> None:
     )
 
 
+# mutmut's exit codes (mutmut.stats.status_by_exit_code) that count against the score: the tests
+# passed with the mutant in place (0), or no test reaches the mutated function at all (33, and 5:
+# pytest collected nothing) -- code no test runs is code no test checks. `None`: not run yet;
+# 34: skipped (`# pragma: no mutate`), in neither count. Every other code is a detection: a failed
+# test, a timeout, a crash, a type-check error.
+SURVIVED_CODES = frozenset({0, 5, 33})
+SKIPPED_CODES = frozenset({34})
+
+
 def results(work: Path, module: str) -> Result:
-    """Killed/survived of one module from mutmut's record of it (exit code 0: the tests still
-    passed), with each survivor's diff."""
+    """Killed/survived of one module from mutmut's record of it, with each survivor's diff."""
     meta = work / "mutants" / f"{module}.meta"
     codes = json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
-    names = [key for key, code in sorted(codes.items()) if code == 0]
-    survived = dict(zip(names, diffs(work, Path("mutants") / module, names), strict=True))
+    names = [key for key, code in sorted(codes.items()) if code in SURVIVED_CODES]
+    survived = dict(zip(names, diffs(work, Path(module), names), strict=True))
     not_run = sum(code is None for code in codes.values())
-    return Result(len(codes) - len(survived) - not_run, survived, not_run)
+    killed = sum(code is not None and code not in SURVIVED_CODES | SKIPPED_CODES for code in codes.values())
+    return Result(killed, survived, not_run)
 
 
 # One process for every survivor's diff: `mutmut show` per mutant cost a Python start and a walk of
@@ -237,12 +246,13 @@ print(json.dumps([get_diff_for_mutant(name, path=path) for name in names]))
 """
 
 
-def diffs(work: Path, mutated_file: Path, names: list[str]) -> list[str]:
-    """The diff of each named mutant of `mutated_file` (mutmut's copy, relative to `work`)."""
+def diffs(work: Path, source: Path, names: list[str]) -> list[str]:
+    """The diff of each named mutant of `source` (its path as mutmut names it, relative to `work`;
+    mutmut reads its mutated copy under `work/mutants/` itself)."""
     if not names:
         return []
     out = subprocess.run(
-        [sys.executable, "-c", _DIFFS, str(mutated_file), json.dumps(names)],
+        [sys.executable, "-c", _DIFFS, str(source), json.dumps(names)],
         cwd=work,
         capture_output=True,
         text=True,

@@ -93,3 +93,19 @@ def test_a_cached_core_runs_nothing_and_an_edit_reruns_only_its_modules(
 
     mutation.run(tmp_path / "w4", max_children=1, use_cache=False)
     assert ran[3:] == [(A, B, C)]
+
+
+def test_a_real_run_counts_kills_and_shows_each_survivor_as_a_diff(core: Path, tmp_path: Path) -> None:
+    """mutmut itself over the small core, with one function no test calls: its mutants survive and
+    each is reported with the diff that made it (what a developer needs to write the missing test)."""
+    untested_source = "\n\ndef untested(x: int) -> int:\n    return x * 7\n"
+    (core / "operator" / C).write_text(FILES[f"operator/{C}"] + untested_source)
+    result = mutation.mutate(tmp_path / "work", (C,), max_children=1)[C]
+    assert result.not_run == 0
+    assert result.killed >= 1  # `return 3` mutated fails test_h
+    untested = {name: diff for name, diff in result.survived.items() if ".x_untested__mutmut_" in name}
+    assert untested, result.survived
+    for diff in untested.values():
+        assert diff.startswith(f"--- {C}\n+++ {C}\n"), diff
+        assert "\n-    return x * 7" in diff, diff
+        assert "\n+    return" in diff, diff
