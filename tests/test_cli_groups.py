@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from ckpt_cli.entry import build_parser
-from ckpt_cli.groups import GROUPS, CommandGroup, absent_command
+from ckpt_cli.groups import GROUPS, CommandGroup, absent_command, groups_for
 
 # What the command line may mount: the operator's and the agent's packages, never the harness.
 MOUNTABLE = {"ckpt_rollout", "ckpt_agent"}
@@ -53,6 +53,35 @@ def test_the_whole_parser_imports_nothing_of_the_harness() -> None:
         "from ckpt_cli.entry import build_parser\n"
         "build_parser()\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'ckpt_e2e'))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("argv", "mounted"),
+    [
+        (["agent", "--port", "0"], {"ckpt_agent.cli"}),
+        (["status", "fleet"], {"ckpt_rollout.tools.commands"}),
+        (["operator"], {"ckpt_rollout.controller.runner"}),
+        (["--version"], {g.module for g in GROUPS}),
+        (["crd"], {g.module for g in GROUPS}),
+        (["frobnicate"], {g.module for g in GROUPS}),  # the full parser names the choices
+        ([], {g.module for g in GROUPS}),
+    ],
+)
+def test_a_command_mounts_only_the_group_that_owns_it(argv: list[str], mounted: set[str]) -> None:
+    assert {g.module for g in groups_for(argv)} == mounted
+
+
+def test_an_agent_start_imports_nothing_of_the_operator() -> None:
+    code = (
+        "import sys\n"
+        "from ckpt_cli.entry import build_parser\n"
+        "from ckpt_cli.groups import groups_for\n"
+        "build_parser(groups_for(['agent'])).parse_args(['agent', '--port', '0'])\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'ckpt_rollout', 'kubernetes_asyncio'}))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

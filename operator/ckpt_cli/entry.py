@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from ckpt_cli.groups import GROUPS, CommandGroup, absent_command
+from ckpt_cli.groups import GROUPS, CommandGroup, absent_command, groups_for
 
 Handler = Callable[[argparse.Namespace], int]
 EXIT_CLOSED_PIPE = 141
@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    parser = build_parser()
+    parser = build_parser(groups_for(args_list))
     args = parser.parse_args(args_list)
     func: Handler | None = getattr(args, "func", None)
     if func is None:
