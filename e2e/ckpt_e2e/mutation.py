@@ -264,12 +264,33 @@ def diffs(work: Path, source: Path, names: list[str]) -> list[str]:
     return shown
 
 
+def unselectable_tests(work: Path, env: dict[str, str]) -> list[str]:
+    """Collected test ids that no node id on a command line selects: pytest escapes a non-ASCII id
+    (`\\xNN`), and mutmut hands each mutant's tests to pytest by node id. One such id in a mutant's
+    tests is a pytest usage error (exit 4) that mutmut's worker records as a kill."""
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests/"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"collecting the mutation's tests failed ({out.returncode}): {out.stdout[-3000:]}")
+    return [line for line in out.stdout.splitlines() if "::" in line and "\\" in line]
+
+
 def mutate(work: Path, modules: tuple[str, ...], *, max_children: int) -> dict[str, Result]:
     """mutmut over `modules` in a scratch tree at `work`; each module's results."""
     stage(work, modules)
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     # The scratch packages must win over the editable install's paths to the checkout.
     env["PYTHONPATH"] = str(work)
+    if bad := unselectable_tests(work, env):
+        raise RuntimeError(
+            "these test ids cannot be selected by node id, so mutmut would count their mutants killed "
+            f"unrun; give them ASCII ids: {bad[:10]}"
+        )
     cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)]
     proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
     found = {module: results(work, module) for module in modules}

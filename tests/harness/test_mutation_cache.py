@@ -109,3 +109,14 @@ def test_a_real_run_counts_kills_and_shows_each_survivor_as_a_diff(core: Path, t
         assert diff.startswith(f"--- {C}\n+++ {C}\n"), diff
         assert "\n-    return x * 7" in diff, diff
         assert "\n+    return" in diff, diff
+
+
+def test_a_test_id_no_node_id_selects_stops_the_run(core: Path, tmp_path: Path) -> None:
+    """pytest escapes a non-ASCII parameter in a test id; mutmut selects each mutant's tests by
+    node id, so such a test made every mutant it covers a usage error counted as a kill."""
+    (core / "tests/operator/test_c.py").write_text(
+        "import pytest\nfrom ckpt_rollout.domain.c import h\n\n"
+        '@pytest.mark.parametrize("mark", ["\\u00b2"])\ndef test_h(mark):\n    assert h() == 3\n'
+    )
+    with pytest.raises(RuntimeError, match=r"cannot be selected by node id.*test_h\[\\\\xb2\]"):
+        mutation.mutate(tmp_path / "work", (C,), max_children=1)

@@ -122,7 +122,14 @@ class Case:
 
 
 def ids(cases: list[Case]) -> list[str]:
-    return [c.id for c in cases]
+    # Test ids must select their test by node id (mutmut runs each mutant's tests that way); pytest
+    # escapes a non-ASCII id to `\xNN`, which no node id on a command line matches, so the mutant
+    # run ended in a usage error counted as a kill. Such characters are spelled out instead.
+    return ["".join(_spelled(c) for c in case.id) for case in cases]
+
+
+def _spelled(char: str) -> str:
+    return char if char.isascii() and char.isprintable() else f"U+{ord(char):04X}"
 
 
 def wave_rows(plan: Plan) -> list[tuple[WaveKind, WavePhase, list[str], list[str]]]:
