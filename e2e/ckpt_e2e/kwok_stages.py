@@ -3,7 +3,8 @@
 Standalone kwok has no built-in stages ("no stages found"), and a kwok binary supplied by the
 user comes without the module's stage files, so the harness carries its own minimal set:
 nodes become Ready and heart-beat; scheduled pods become Running at once with an IP from
-their node's podCIDR; pods marked for deletion are removed. The templates use kwok's
+their node's podCIDR (or the one their POD_IP_ANNOTATION names); pods marked for deletion
+are removed. The templates use kwok's
 documented template functions (NodeConditions, NodeIP, PodIPsWith, ...).
 """
 
@@ -119,6 +120,15 @@ spec:
       - ip: {{ . | Quote }}
       {{ end }}
       {{ end }}
+      {{ $ip := "" }}
+      {{ with .metadata.annotations }}
+      {{ with index . "__POD_IP_ANNOTATION__" }}{{ $ip = . }}{{ end }}
+      {{ end }}
+      {{ if $ip }}
+      podIP: {{ $ip | Quote }}
+      podIPs:
+      - ip: {{ $ip | Quote }}
+      {{ else }}
       {{ with PodIPsWith .spec.nodeName ( or .spec.hostNetwork false )
            ( or .metadata.uid "" ) ( or .metadata.name "" ) ( or .metadata.namespace "" ) }}
       podIP: {{ index . 0 | Quote }}
@@ -127,9 +137,15 @@ spec:
       - ip: {{ . | Quote }}
       {{ end }}
       {{ end }}
+      {{ end }}
       phase: Running
       startTime: {{ $now | Quote }}
 """
+
+# A pod annotated with this gets the address it names instead of one from its node's podCIDR:
+# a bench whose agents live in network namespaces (`bench release`) makes pods the operator
+# reaches at those agents' addresses.
+POD_IP_ANNOTATION = "ckpt-e2e.dev/pod-ip"
 
 # Pods with this label leave as a kubelet lets them: the stage below leaves them alone, and the
 # pod runtime (podruntime.PodRuntime) deletes one once it has stopped its process, so an agent that
@@ -161,4 +177,5 @@ def stages_yaml(max_pods_per_node: int, kwok_version: str) -> str:
     docs = (_NODE_INITIALIZE, _NODE_HEARTBEAT, _POD_READY, _POD_DELETE)
     text = "---".join(docs)
     text = text.replace("__PODS__", str(max_pods_per_node)).replace("__KWOK_VERSION__", kwok_version)
+    text = text.replace("__POD_IP_ANNOTATION__", POD_IP_ANNOTATION)
     return text.replace("__KUBELET_STOP__", KUBELET_STOP_LABEL)

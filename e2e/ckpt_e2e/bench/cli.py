@@ -1,4 +1,4 @@
-"""`python -m ckpt_e2e.bench dataplane|fleet|controlplane`: the benchmark commands of a
+"""`python -m ckpt_e2e.bench release|dataplane|fleet|controlplane`: the benchmark commands of a
 development checkout, apart from the product's `ckpt-rollout`. Handlers import their bench
 lazily, so `--help` imports none."""
 
@@ -25,6 +25,30 @@ def _bench_fleet(args: argparse.Namespace) -> int:
     from ckpt_e2e.bench.fleet import main_fleet
 
     return main_fleet(args)
+
+
+def _bench_release(args: argparse.Namespace) -> int:
+    from ckpt_e2e.bench.release import main_release
+
+    return main_release(args)
+
+
+def _add_release(bench_sub: SubParsers) -> None:
+    p = bench_sub.add_parser(
+        "release",
+        help="time to fleet: `ckpt-rollout release` of an HF checkpoint to agents behind capped links (root)",
+    )
+    p.add_argument("--hosts", type=int, default=8, help="agents, each in its own network namespace")
+    p.add_argument("--size-mb", type=int, default=1024, help="checkpoint size (HF llama-like, BF16)")
+    p.add_argument("--link-mbps", type=float, default=200, help="tc rate cap of every link, both ways")
+    p.add_argument(
+        "--waves",
+        default="100%",
+        help='the CR\'s waves, comma-separated (default "100%%"; "1,100%%": canary first)',
+    )
+    p.add_argument("--dir", help="scratch directory (default: system temp)")
+    p.add_argument("--json", action="store_true", help="human lines to stderr; the last line is JSON anyway")
+    p.set_defaults(func=_bench_release)
 
 
 def _add_dataplane_and_fleet(bench_sub: SubParsers) -> None:
@@ -62,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog=PROG, description="benchmarks that print ratios against limits")
     bench_sub = parser.add_subparsers(dest="bench", metavar="BENCH")
+    _add_release(bench_sub)
     _add_dataplane_and_fleet(bench_sub)
     add_controlplane(bench_sub)
     return parser

@@ -82,8 +82,8 @@ class BenchEnv:
             config_file=str(self.cluster.kubeconfig)
         )
         self._stack.callback(self.api.close)
-        self._install_crd()
-        self._create_namespace()
+        install_crd(self.api)
+        create_namespace(self.api, NAMESPACE)
         token_file = self.workdir / "agent-token"
         token_file.write_text(secrets.token_urlsafe(32))
         token_file.chmod(0o600)
@@ -125,47 +125,6 @@ class BenchEnv:
         wait_for(lambda: self._metrics_text() is not None, 60, "operator metrics endpoint")
         self.rollouts = Rollouts(self.api, NAMESPACE)
         self.timings["setup_s"] = time.monotonic() - t0
-
-    def _install_crd(self) -> None:
-        ext = client.ApiextensionsV1Api(self.api)
-        body = yaml.safe_load(render_crd())
-        ext.create_custom_resource_definition(body)
-
-        def established() -> bool:
-            crd = ext.read_custom_resource_definition(body["metadata"]["name"])
-            return any(
-                c.type == KubeConditionType.ESTABLISHED and c.status == ConditionStatus.TRUE
-                for c in crd.status.conditions or []
-            )
-
-        wait_for(established, 60, "CRD Established", interval=0.2)
-        # Established is not served yet: until the watch cache is initialized, lists get 429
-        # ("storage is (re)initializing") and kopf backs off for up to a minute — a delay
-        # that would land inside the measured rollout.
-        custom = client.CustomObjectsApi(self.api)
-
-        def served() -> bool:
-            try:
-                custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
-            except client.ApiException as exc:
-                if exc.status == 429:
-                    return False
-                raise
-            return True
-
-        wait_for(served, 60, "CheckpointRollouts served", interval=0.2)
-
-    def _create_namespace(self) -> None:
-        core = client.CoreV1Api(self.api)
-        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
-
-        def default_sa() -> bool:
-            return any(
-                sa.metadata is not None and sa.metadata.name == "default"
-                for sa in core.list_namespaced_service_account(NAMESPACE).items
-            )
-
-        wait_for(default_sa, 60, f"ServiceAccount {NAMESPACE}/default", interval=0.2)
 
     # -- the rollout ----------------------------------------------------------------------------
     def create_rollout(self, name: str, spec: dict[str, Any]) -> None:
@@ -272,3 +231,48 @@ def _cpu_seconds(pid: int) -> float:
         return 0.0
     # utime and stime are fields 14 and 15 of stat(5); fields[0] here is field 3 (state).
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def install_crd(api: client.ApiClient) -> None:
+    """Install the CheckpointRollout CRD and wait until its objects are served."""
+    ext = client.ApiextensionsV1Api(api)
+    body = yaml.safe_load(render_crd())
+    ext.create_custom_resource_definition(body)
+
+    def established() -> bool:
+        crd = ext.read_custom_resource_definition(body["metadata"]["name"])
+        return any(
+            c.type == KubeConditionType.ESTABLISHED and c.status == ConditionStatus.TRUE
+            for c in crd.status.conditions or []
+        )
+
+    wait_for(established, 60, "CRD Established", interval=0.2)
+    # Established is not served yet: until the watch cache is initialized, lists get 429
+    # ("storage is (re)initializing") and kopf backs off for up to a minute — a delay
+    # that would land inside the measured rollout.
+    custom = client.CustomObjectsApi(api)
+
+    def served() -> bool:
+        try:
+            custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+        except client.ApiException as exc:
+            if exc.status == 429:
+                return False
+            raise
+        return True
+
+    wait_for(served, 60, "CheckpointRollouts served", interval=0.2)
+
+
+def create_namespace(api: client.ApiClient, name: str) -> None:
+    """Create namespace `name` and wait for its default ServiceAccount."""
+    core = client.CoreV1Api(api)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+
+    def default_sa() -> bool:
+        return any(
+            sa.metadata is not None and sa.metadata.name == "default"
+            for sa in core.list_namespaced_service_account(name).items
+        )
+
+    wait_for(default_sa, 60, f"ServiceAccount {name}/default", interval=0.2)

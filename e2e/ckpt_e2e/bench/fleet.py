@@ -38,7 +38,7 @@ from typing import Any
 from ckpt_agent.formats.synth import ReferenceModelSpec, write_reference_checkpoint
 from ckpt_e2e.bench.fleet_ctl import SINK_READY
 from ckpt_e2e.bench.fleet_plan import WaveMode
-from ckpt_e2e.bench.netns import NetnsError, Topology, missing_prerequisites, sweep_stale
+from ckpt_e2e.bench.netns import Member, NetnsError, Topology, missing_prerequisites, sweep_stale
 from ckpt_e2e.procs import wait_for
 from ckpt_source.publish import publish
 
@@ -55,7 +55,7 @@ def pipelined_target(hosts: int) -> float:
     return 1.3 if hosts <= 8 else 1.5
 
 
-def _log(message: str) -> None:
+def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
@@ -66,7 +66,7 @@ def model_for(size_mb: int) -> ReferenceModelSpec:
 
 
 @contextmanager
-def _signals_raise() -> Iterator[None]:
+def signals_raise() -> Iterator[None]:
     """SIGTERM/SIGHUP end the bench like Ctrl-C does, so `finally` blocks clean up."""
 
     def stop(signum: int, _frame: object) -> None:
@@ -104,6 +104,19 @@ class Processes:
         self._procs.clear()
 
 
+def start_sink(procs: Processes, member: Member, port: int, log_path: Path) -> None:
+    """The goodput stream's receiver (`fleet_ctl sink`) in `member`'s namespace, listening."""
+    argv = [sys.executable, "-m", "ckpt_e2e.bench.fleet_ctl", "sink", member.ip, str(port)]
+    proc = procs.start(member.exec_argv(argv), log_path)
+    wait_for(
+        lambda: SINK_READY in log_path.read_text(errors="replace") or proc.poll() is not None,
+        30,
+        "bench sink listening",
+    )
+    if proc.poll() is not None:
+        raise RuntimeError(f"bench sink exited: {log_path.read_text(errors='replace')[-2000:]}")
+
+
 def run_fleet(
     hosts: int, link_mbps: float, size_mb: int, workdir: str | None, waves: WaveMode = "default"
 ) -> dict[str, Any]:
@@ -112,7 +125,7 @@ def run_fleet(
     s_over_bw = nbytes / (link_mbps * 1e6 / 8)
     stale = sweep_stale()
     if stale:
-        _log(f"removed namespaces left by earlier runs: {stale}")
+        log(f"removed namespaces left by earlier runs: {stale}")
     with tempfile.TemporaryDirectory(dir=workdir, prefix="ckpt-fleet-") as tmp:
         root = Path(tmp) / "root"
         for seed, version in enumerate(VERSIONS, start=11):
@@ -121,7 +134,7 @@ def run_fleet(
         procs = Processes()
         topo: Topology | None = None
         try:
-            with _signals_raise():
+            with signals_raise():
                 topo = Topology()
                 src = topo.add("src", link_mbps)
                 ctl = topo.add("ctl", None)
@@ -139,27 +152,7 @@ def run_fleet(
                     "warning",
                 ]
                 procs.start(src.exec_argv(serve), Path(tmp) / "source.log")
-                sink = [
-                    sys.executable,
-                    "-m",
-                    "ckpt_e2e.bench.fleet_ctl",
-                    "sink",
-                    members[0].ip,
-                    str(SINK_PORT),
-                ]
-                sink_log = Path(tmp) / "sink.log"
-                sink_proc = procs.start(members[0].exec_argv(sink), sink_log)
-                wait_for(
-                    lambda: (
-                        SINK_READY in sink_log.read_text(errors="replace") or sink_proc.poll() is not None
-                    ),
-                    30,
-                    "fleet bench sink listening",
-                )
-                if sink_proc.poll() is not None:
-                    raise RuntimeError(
-                        f"fleet bench sink exited: {sink_log.read_text(errors='replace')[-2000:]}"
-                    )
+                start_sink(procs, members[0], SINK_PORT, Path(tmp) / "sink.log")
                 model = ["--model-hidden", str(spec.hidden), "--model-layers", str(spec.layers)]
                 pids: dict[str, int] = {}
                 for m in members:
@@ -169,7 +162,7 @@ def run_fleet(
                     pids[f"http://{m.ip}:{AGENT_PORT}"] = procs.start(
                         m.exec_argv(agent), Path(tmp) / f"{m.name}.log"
                     ).pid
-                _log(f"fleet: {hosts} agents, {nbytes / 2**20:.1f} MiB version, links {link_mbps:g} Mbit/s")
+                log(f"fleet: {hosts} agents, {nbytes / 2**20:.1f} MiB version, links {link_mbps:g} Mbit/s")
                 cfg = {
                     "agents": list(pids),
                     "agent_pids": pids,
@@ -193,7 +186,7 @@ def run_fleet(
             procs.stop()
             left = topo.destroy() if topo is not None else []
             if left:
-                _log(f"could not delete namespaces {left}")
+                log(f"could not delete namespaces {left}")
     rounds = 1 + math.ceil(math.log2(hosts))
     goodput = float(timings["goodput_bytes_per_s"])
     mib = 2**20

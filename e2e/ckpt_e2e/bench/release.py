@@ -1,0 +1,217 @@
+"""`python -m ckpt_e2e.bench release --hosts N --size-mb S --link-mbps B`: time to fleet, the one
+number an RL team feels: from "the trainer wrote step N" to "every replica serves step N".
+
+The trainer's directory is a Hugging Face model (llama-like, BF16, sharded safetensors with an
+index, config and tokenizer files) of about S MiB. The fleet is `bench fleet`'s topology: N real
+agents (paddle engine, streamed apply, booted on the previous version), each in a network
+namespace behind a veth capped with tc at B Mbit/s both ways, a source (`ckpt-rollout serve`)
+behind the same cap, and an uncapped control namespace where a local control plane, the operator
+and the trainer's `ckpt-rollout release` run (`release_ctl`). One CheckpointRollout selects the
+N pods, checksums verified, waves `--waves` (default ["100%"]: one pipelined relay wave).
+
+Printed: publish_s, first replica serving, all serving (each agent's `/v1/status`), when
+release returned (the CR said Complete), and
+
+    time_to_fleet / (publish_bound + S / bw)
+
+with publish_bound = S / (this machine's cores x one core's xxh3 + blake3 rate) and bw the
+links' measured TCP payload rate, both measured in the same run. Target: <= 1.5 at N = 8 (#33).
+A canary wave first adds a whole S / bw on top (the canary must serve before the rest start):
+`--waves 1,100%` shows that cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ckpt_e2e.bench.dataplane import measure_digests
+from ckpt_e2e.bench.fleet import AGENT_PORT, SOURCE_PORT, Processes, log, signals_raise, start_sink
+from ckpt_e2e.bench.netns import Member, NetnsError, Topology, missing_prerequisites, sweep_stale
+from ckpt_e2e.hf_checkpoint import llama_like
+from ckpt_source.publish import publish
+
+TARGET = 1.5  # x (publish_bound + S/bw), at N = 8 (issue #33)
+HIDDEN = 1024  # 2 MiB BF16 projections: a tensor a hop is ~0.1 s of a 200 Mbit/s link
+VERSIONS = ("step-100", "step-200")  # booted, released
+SINK_PORT = 9099
+MiB = 1 << 20
+
+
+def layers_for(size_mb: int) -> int:
+    """Decoder layers of a llama-like BF16 model of HIDDEN width near `size_mb` MiB (seven
+    HIDDEN x HIDDEN projections a layer)."""
+    per_layer = 7 * HIDDEN * HIDDEN * 2
+    return max(1, round(size_mb * MiB / per_layer))
+
+
+def parse_waves(text: str) -> list[int | str]:
+    """`--waves 1,100%` -> [1, "100%"]."""
+    return [w if w.endswith("%") else int(w) for w in (part.strip() for part in text.split(",")) if w]
+
+
+def write_trainer_dir(path: Path, seed: int, size_mb: int) -> int:
+    """A trainer's HF directory of about `size_mb` MiB; returns its weights' bytes."""
+    ckpt = llama_like(
+        path, seed=seed, shards=8, scale_dtype="F32", weight_dtype="BF16", hidden=HIDDEN,
+        layers=layers_for(size_mb), vocab=HIDDEN,
+    )  # fmt: skip
+    return sum(len(t.data) for t in ckpt.tensors.values())
+
+
+def run_release(
+    hosts: int, link_mbps: float, size_mb: int, waves: list[int | str], workdir: str | None
+) -> dict[str, Any]:
+    stale = sweep_stale()
+    if stale:
+        log(f"removed namespaces left by earlier runs: {stale}")
+    with tempfile.TemporaryDirectory(dir=workdir, prefix="ckpt-release-") as tmp:
+        base = Path(tmp)
+        root = base / "root"
+        log(f"writing two {size_mb} MiB HF model directories (booted, released)")
+        nbytes = 0
+        for seed, version in enumerate(VERSIONS, start=100):
+            nbytes = write_trainer_dir(base / version, seed, size_mb)
+        publish(base / VERSIONS[0], VERSIONS[0], root, link=True)
+        digest_gbps = measure_digests(min(nbytes, 256 * MiB), 3)
+        cores = os.cpu_count() or 1
+        procs = Processes()
+        topo: Topology | None = None
+        try:
+            with signals_raise():
+                topo = Topology()
+                src = topo.add("src", link_mbps)
+                ctl = topo.add("ctl", None)
+                members = [topo.add(f"h{i}", link_mbps) for i in range(hosts)]
+                py = [sys.executable, "-m", "ckpt_agent"]
+                serve = [*py, "serve", str(root), "--host", src.ip, "--port", str(SOURCE_PORT),
+                         "--log-level", "warning"]  # fmt: skip
+                procs.start(src.exec_argv(serve), base / "source.log")
+                start_sink(procs, members[0], SINK_PORT, base / "sink.log")
+                goodput = _goodput(ctl, members[0].ip, min(nbytes, 64 * MiB))
+                agents = {}
+                for m in members:
+                    agent = [*py, "agent", "--engine", "paddle", "--host", m.ip, "--port", str(AGENT_PORT),
+                             "--no-auth", "--plain-http", "--log-level", "warning",
+                             "--paddle-weights", str(root / VERSIONS[0]),
+                             "--apply-mode", "streamed"]  # fmt: skip
+                    procs.start(m.exec_argv(agent), base / f"{m.name}.log")
+                    agents[f"worker-{m.name}"] = f"http://{m.ip}:{AGENT_PORT}"
+                s_over_bw = nbytes / goodput
+                log(f"release: {hosts} agents, {nbytes / MiB:.0f} MiB, links {link_mbps:g} Mbit/s "
+                    f"(measured {goodput * 8 / 1e6:.0f}), waves {waves}")  # fmt: skip
+                cfg = {
+                    "workdir": str(base / "ctl"),
+                    "agents": agents,
+                    "source": f"http://{src.ip}:{SOURCE_PORT}",
+                    "boot_version": VERSIONS[0],
+                    "version": VERSIONS[1],
+                    "trainer_dir": str(base / VERSIONS[1]),
+                    "publish_root": str(root),
+                    "waves": waves,
+                    "limit_s": 300 + 4 * hosts * s_over_bw,
+                }
+                (base / "ctl").mkdir()
+                argv = ctl.exec_argv([sys.executable, "-m", "ckpt_e2e.bench.release_ctl", json.dumps(cfg)])
+                done = subprocess.run(argv, capture_output=True, text=True, check=False)
+                if done.returncode != 0:
+                    logs = {p.name: p.read_text(errors="replace")[-2000:] for p in base.glob("*.log")}
+                    failed = done.stderr.strip()[-4000:]
+                    raise RuntimeError(f"release controller failed: {failed}\nlogs: {logs}")
+                timings = json.loads(done.stdout.strip().splitlines()[-1])
+        finally:
+            procs.stop()
+            left = topo.destroy() if topo is not None else []
+            if left:
+                log(f"could not delete namespaces {left}")
+    publish_bound = nbytes / (digest_gbps * 1e9 * cores)
+    bound = publish_bound + s_over_bw
+    return {
+        "hosts": hosts,
+        "size_mb": round(nbytes / MiB, 1),
+        "link_mbps": link_mbps,
+        "link_goodput_mbps": round(goodput * 8 / 1e6, 1),
+        "waves": waves,
+        "publish_s": round(timings["publish_s"], 3),
+        "publish_gbps": round(nbytes / timings["publish_s"] / 1e9, 2),
+        "publish_bound_s": round(publish_bound, 3),
+        "digests_gbps_one_core": round(digest_gbps, 2),
+        "cores": cores,
+        "s_over_bw_s": round(s_over_bw, 3),
+        "first_serving_s": round(timings["first_serving_s"], 2),
+        "all_serving_s": round(timings["all_serving_s"], 2),
+        "released_s": round(timings["released_s"], 2),
+        "time_to_fleet_s": round(timings["all_serving_s"], 2),
+        "bound_s": round(bound, 3),
+        "time_to_fleet_over_bound": round(timings["all_serving_s"] / bound, 3),
+        "released_over_bound": round(timings["released_s"] / bound, 3),
+        "target": TARGET,
+        "setup_s": round(timings["setup_s"], 1),
+    }
+
+
+def _goodput(ctl: Member, sink_host: str, nbytes: int) -> float:
+    """The capped links' TCP payload rate, measured from the control namespace."""
+    code = (
+        "from ckpt_e2e.bench.fleet_ctl import tcp_goodput; "
+        f"print(tcp_goodput({sink_host!r}, {SINK_PORT}, {nbytes}))"
+    )
+    argv = ctl.exec_argv([sys.executable, "-c", code])
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"goodput stream: {done.stderr.strip()[-2000:]}")
+    return float(done.stdout.strip())
+
+
+def format_report(r: dict[str, Any]) -> str:
+    ok = r["time_to_fleet_over_bound"] <= r["target"]
+    return "\n".join(
+        [
+            f"release bench: {r['hosts']} agents, {r['size_mb']:.0f} MiB HF checkpoint, links "
+            f"{r['link_mbps']:g} Mbit/s (measured {r['link_goodput_mbps']:g}), waves {r['waves']}",
+            f"  publish        {r['publish_s']:8.2f} s   ({r['publish_gbps']:.2f} GB/s; bound "
+            f"{r['publish_bound_s']:.2f} s = S / ({r['cores']} cores x "
+            f"{r['digests_gbps_one_core']:.2f} GB/s))",
+            f"  first serving  {r['first_serving_s']:8.2f} s   (S / bw = {r['s_over_bw_s']:.2f} s)",
+            f"  all serving    {r['all_serving_s']:8.2f} s",
+            f"  release done   {r['released_s']:8.2f} s   (the CR said Complete; "
+            f"{r['released_over_bound']:.2f}x the bound)",
+            f"  [{'ok  ' if ok else 'MISS'}] time to fleet / (publish bound + S/bw = {r['bound_s']:.2f} s) = "
+            f"{r['time_to_fleet_over_bound']:.2f}  (target <= {r['target']:g})",
+        ]
+    )
+
+
+def main_release(args: argparse.Namespace) -> int:
+    reason = missing_prerequisites()
+    if reason:
+        print(f"bench release: {reason}", file=sys.stderr)
+        return 2
+    if args.hosts < 1 or args.size_mb < 1:
+        print("bench release: --hosts and --size-mb must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        waves = parse_waves(args.waves)
+    except ValueError:
+        print(f"bench release: --waves {args.waves!r}: counts or percents, comma-separated", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    try:
+        results = run_release(args.hosts, args.link_mbps, args.size_mb, waves, args.dir)
+    except (NetnsError, RuntimeError) as exc:
+        print(f"bench release: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as exc:
+        print(f"bench release: interrupted ({exc}); namespaces and processes removed", file=sys.stderr)
+        return 130
+    results["bench_s"] = round(time.monotonic() - started, 1)
+    print(format_report(results), file=sys.stderr if args.json else sys.stdout)
+    print(json.dumps(results, sort_keys=True))
+    return 0
