@@ -52,6 +52,25 @@ def layers_for(size_mb: int) -> int:
     return max(1, round(size_mb * MiB / per_layer))
 
 
+def fits_in_memory(hosts: int, size_mb: int, available: int) -> int:
+    """The largest --size-mb (whole 128 MiB steps) that `hosts` agents can hold in `available`
+    bytes of RAM, or `size_mb` when it fits. A staged paddle agent peaks at three copies of the
+    version in host RAM (its live weights, the staged copy of the live version it keeps relaying
+    while the next is pulled, and that next version's staging) plus ~256 MiB of its own; the
+    control plane and this bench take ~2 GiB besides."""
+    room = available - 2 * 1024 * MiB - hosts * 256 * MiB
+    if hosts * 3 * size_mb * MiB <= room:
+        return size_mb
+    return max(0, room // (hosts * 3 * MiB) // 128 * 128)
+
+
+def _available_bytes() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def parse_waves(text: str) -> list[int | str]:
     """`--waves 1,100%` -> [1, "100%"]."""
     return [w if w.endswith("%") else int(w) for w in (part.strip() for part in text.split(",")) if w]
@@ -96,12 +115,14 @@ def run_release(
                 procs.start(src.exec_argv(serve), base / "source.log")
                 start_sink(procs, members[0], SINK_PORT, base / "sink.log")
                 goodput = _goodput(ctl, members[0].ip, min(nbytes, 64 * MiB))
+                # The version they serve when the trainer's next step comes, read from the shared
+                # filesystem at boot (not over the links: that is not what is measured).
+                boot = ["--initial-version", VERSIONS[0], "--source", root.as_uri()]
                 agents = {}
                 for m in members:
                     agent = [*py, "agent", "--engine", "paddle", "--host", m.ip, "--port", str(AGENT_PORT),
                              "--no-auth", "--plain-http", "--log-level", "warning",
-                             "--paddle-weights", str(root / VERSIONS[0]),
-                             "--apply-mode", "streamed"]  # fmt: skip
+                             "--paddle-weights", str(root / VERSIONS[0]), *boot]  # fmt: skip
                     procs.start(m.exec_argv(agent), base / f"{m.name}.log")
                     agents[f"worker-{m.name}"] = f"http://{m.ip}:{AGENT_PORT}"
                 s_over_bw = nbytes / goodput
@@ -201,6 +222,17 @@ def main_release(args: argparse.Namespace) -> int:
         waves = parse_waves(args.waves)
     except ValueError:
         print(f"bench release: --waves {args.waves!r}: counts or percents, comma-separated", file=sys.stderr)
+        return 2
+    fits = fits_in_memory(args.hosts, args.size_mb, _available_bytes())
+    if fits < args.size_mb:
+        print(
+            f"bench release: {args.hosts} agents x 3 x {args.size_mb} MiB (each agent's peak: live weights, "
+            "the relayed copy of the live version, the next version's staging) do not fit in this "
+            f"machine's available memory; --size-mb {fits} does"
+            if fits
+            else f"bench release: {args.hosts} agents do not fit in this machine's available memory",
+            file=sys.stderr,
+        )
         return 2
     started = time.monotonic()
     try:
