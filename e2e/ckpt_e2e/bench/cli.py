@@ -33,21 +33,33 @@ def _bench_release(args: argparse.Namespace) -> int:
     return main_release(args)
 
 
-def _add_release(bench_sub: SubParsers) -> None:
-    p = bench_sub.add_parser(
-        "release",
-        help="time to fleet: `ckpt-rollout release` of an HF checkpoint to agents behind capped links (root)",
-    )
-    p.add_argument("--hosts", type=int, default=8, help="agents, each in its own network namespace")
-    p.add_argument("--size-mb", type=int, default=1024, help="checkpoint size (HF llama-like, BF16)")
+def _add_netns_bench(
+    bench_sub: SubParsers, name: str, help_text: str, hosts: int, size_mb: int, size_help: str
+) -> argparse.ArgumentParser:
+    """A bench of agents in tc-capped network namespaces: the options `fleet` and `release` share."""
+    p: argparse.ArgumentParser = bench_sub.add_parser(name, help=help_text)
+    p.add_argument("--hosts", type=int, default=hosts, help="agents, each in its own network namespace")
     p.add_argument("--link-mbps", type=float, default=200, help="tc rate cap of every link, both ways")
+    p.add_argument("--size-mb", type=int, default=size_mb, help=size_help)
+    p.add_argument("--dir", help="scratch directory (default: system temp)")
+    p.add_argument("--json", action="store_true", help="human lines to stderr; the last line is JSON anyway")
+    return p
+
+
+def _add_release(bench_sub: SubParsers) -> None:
+    p = _add_netns_bench(
+        bench_sub,
+        "release",
+        "time to fleet: `ckpt-rollout release` of an HF checkpoint to agents behind capped links (root)",
+        hosts=8,
+        size_mb=1024,
+        size_help="checkpoint size (HF llama-like, BF16)",
+    )
     p.add_argument(
         "--waves",
         default="100%",
         help='the CR\'s waves, comma-separated (default "100%%"; "1,100%%": canary first)',
     )
-    p.add_argument("--dir", help="scratch directory (default: system temp)")
-    p.add_argument("--json", action="store_true", help="human lines to stderr; the last line is JSON anyway")
     p.set_defaults(func=_bench_release)
 
 
@@ -63,21 +75,20 @@ def _add_dataplane_and_fleet(bench_sub: SubParsers) -> None:
     )
     p.set_defaults(func=_bench_dataplane)
 
-    p = bench_sub.add_parser(
+    p = _add_netns_bench(
+        bench_sub,
         "fleet",
-        help="fleet load time: source-only vs wave relay, agents in tc-capped network namespaces (root)",
+        "fleet load time: source-only vs wave relay, agents in tc-capped network namespaces (root)",
+        hosts=4,
+        size_mb=32,
+        size_help="version size (reference model)",
     )
-    p.add_argument("--hosts", type=int, default=4, help="agents, each in its own network namespace")
-    p.add_argument("--link-mbps", type=float, default=200, help="tc rate cap of every link, both ways")
-    p.add_argument("--size-mb", type=int, default=32, help="version size (reference model)")
     p.add_argument(
         "--waves",
         choices=WAVE_MODES,
         default="default",
         help='relay waves: default = [1, "100%%"] (canary, then one pipelined wave); doubling = 1, 2, 4, ...',
     )
-    p.add_argument("--dir", help="scratch directory (default: system temp)")
-    p.add_argument("--json", action="store_true", help="human lines to stderr; the last line is JSON anyway")
     p.set_defaults(func=_bench_fleet)
 
 

@@ -30,8 +30,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,70 @@ def start_sink(procs: Processes, member: Member, port: int, log_path: Path) -> N
         raise RuntimeError(f"bench sink exited: {log_path.read_text(errors='replace')[-2000:]}")
 
 
+def agent_url(member: Member) -> str:
+    return f"http://{member.ip}:{AGENT_PORT}"
+
+
+def agent_argv(member: Member, *extra: str) -> list[str]:
+    """A paddle agent on `member`'s address: no auth, plain http (the bench's private network)."""
+    return [sys.executable, "-m", "ckpt_agent", "agent", "--engine", "paddle", "--host", member.ip,
+            "--port", str(AGENT_PORT), "--no-auth", "--plain-http", "--log-level", "warning",
+            *extra]  # fmt: skip
+
+
+@dataclass
+class BenchNetwork:
+    procs: Processes
+    src: Member
+    ctl: Member
+    members: list[Member]
+
+    @property
+    def source_url(self) -> str:
+        return f"http://{self.src.ip}:{SOURCE_PORT}"
+
+
+@contextmanager
+def bench_network(hosts: int, link_mbps: float, root: Path, logdir: Path) -> Iterator[BenchNetwork]:
+    """The benches' network: a source serving `root` and `hosts` members, each behind a link
+    capped at `link_mbps`, an uncapped control member, and the goodput sink on the first member.
+    Its processes and namespaces are removed on exit, failure and SIGINT/SIGTERM."""
+    procs = Processes()
+    topo: Topology | None = None
+    try:
+        with signals_raise():
+            topo = Topology()
+            src = topo.add("src", link_mbps)
+            ctl = topo.add("ctl", None)
+            members = [topo.add(f"h{i}", link_mbps) for i in range(hosts)]
+            serve = [sys.executable, "-m", "ckpt_agent", "serve", str(root), "--host", src.ip,
+                     "--port", str(SOURCE_PORT), "--log-level", "warning"]  # fmt: skip
+            procs.start(src.exec_argv(serve), logdir / "source.log")
+            start_sink(procs, members[0], SINK_PORT, logdir / "sink.log")
+            yield BenchNetwork(procs, src, ctl, members)
+    finally:
+        procs.stop()
+        left = topo.destroy() if topo is not None else []
+        if left:
+            log(f"could not delete namespaces {left}")
+
+
+def run_controller(ctl: Member, module: str, cfg: dict[str, Any], logdir: Path) -> dict[str, Any]:
+    """Run a bench's controller (`python -m module '<cfg json>'`) in the control namespace; its
+    last line of output, JSON. RuntimeError with the logs' tails when it fails."""
+    done = subprocess.run(
+        ctl.exec_argv([sys.executable, "-m", module, json.dumps(cfg)]),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        logs = {p.name: p.read_text(errors="replace")[-2000:] for p in logdir.glob("*.log")}
+        raise RuntimeError(f"{module} failed: {done.stderr.strip()[-4000:]}\nlogs: {logs}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
 def run_fleet(
     hosts: int, link_mbps: float, size_mb: int, workdir: str | None, waves: WaveMode = "default"
 ) -> dict[str, Any]:
@@ -131,62 +196,29 @@ def run_fleet(
         for seed, version in enumerate(VERSIONS, start=11):
             write_reference_checkpoint(Path(tmp) / version, seed, spec)
             publish(Path(tmp) / version, version, root)
-        procs = Processes()
-        topo: Topology | None = None
-        try:
-            with signals_raise():
-                topo = Topology()
-                src = topo.add("src", link_mbps)
-                ctl = topo.add("ctl", None)
-                members = [topo.add(f"h{i}", link_mbps) for i in range(hosts)]
-                py = [sys.executable, "-m", "ckpt_agent"]
-                serve = [
-                    *py,
-                    "serve",
-                    str(root),
-                    "--host",
-                    src.ip,
-                    "--port",
-                    str(SOURCE_PORT),
-                    "--log-level",
-                    "warning",
-                ]
-                procs.start(src.exec_argv(serve), Path(tmp) / "source.log")
-                start_sink(procs, members[0], SINK_PORT, Path(tmp) / "sink.log")
-                model = ["--model-hidden", str(spec.hidden), "--model-layers", str(spec.layers)]
-                pids: dict[str, int] = {}
-                for m in members:
-                    agent = [*py, "agent", "--engine", "paddle", "--host", m.ip, "--port", str(AGENT_PORT),
-                             "--no-auth", "--plain-http", "--log-level", "warning", *model]  # fmt: skip
-                    # `ip netns exec` execs the command: this pid is the agent's own.
-                    pids[f"http://{m.ip}:{AGENT_PORT}"] = procs.start(
-                        m.exec_argv(agent), Path(tmp) / f"{m.name}.log"
-                    ).pid
-                log(f"fleet: {hosts} agents, {nbytes / 2**20:.1f} MiB version, links {link_mbps:g} Mbit/s")
-                cfg = {
-                    "agents": list(pids),
-                    "agent_pids": pids,
-                    "source": f"http://{src.ip}:{SOURCE_PORT}",
-                    "versions": list(VERSIONS),
-                    "wave_limit_s": 60 + 4 * hosts * s_over_bw,
-                    "startup_limit_s": 60 + 15 * hosts,
-                    "sink_host": members[0].ip,
-                    "sink_port": SINK_PORT,
-                    "goodput_bytes": nbytes,
-                    "waves": waves,
-                    "source_ns": src.ns,
-                }
-                ctl_argv = ctl.exec_argv([sys.executable, "-m", "ckpt_e2e.bench.fleet_ctl", json.dumps(cfg)])
-                done = subprocess.run(ctl_argv, capture_output=True, text=True, check=False)
-                if done.returncode != 0:
-                    logs = {p.name: p.read_text(errors="replace")[-2000:] for p in Path(tmp).glob("*.log")}
-                    raise RuntimeError(f"fleet controller failed: {done.stderr.strip()}\nlogs: {logs}")
-                timings = json.loads(done.stdout.strip().splitlines()[-1])
-        finally:
-            procs.stop()
-            left = topo.destroy() if topo is not None else []
-            if left:
-                log(f"could not delete namespaces {left}")
+        with bench_network(hosts, link_mbps, root, Path(tmp)) as net:
+            model = ["--model-hidden", str(spec.hidden), "--model-layers", str(spec.layers)]
+            pids: dict[str, int] = {}
+            for m in net.members:
+                # `ip netns exec` execs the command: this pid is the agent's own.
+                pids[agent_url(m)] = net.procs.start(
+                    m.exec_argv(agent_argv(m, *model)), Path(tmp) / f"{m.name}.log"
+                ).pid
+            log(f"fleet: {hosts} agents, {nbytes / 2**20:.1f} MiB version, links {link_mbps:g} Mbit/s")
+            cfg = {
+                "agents": list(pids),
+                "agent_pids": pids,
+                "source": net.source_url,
+                "versions": list(VERSIONS),
+                "wave_limit_s": 60 + 4 * hosts * s_over_bw,
+                "startup_limit_s": 60 + 15 * hosts,
+                "sink_host": net.members[0].ip,
+                "sink_port": SINK_PORT,
+                "goodput_bytes": nbytes,
+                "waves": waves,
+                "source_ns": net.src.ns,
+            }
+            timings = run_controller(net.ctl, "ckpt_e2e.bench.fleet_ctl", cfg, Path(tmp))
     rounds = 1 + math.ceil(math.log2(hosts))
     goodput = float(timings["goodput_bytes_per_s"])
     mib = 2**20
@@ -253,24 +285,43 @@ def format_report(r: dict[str, Any]) -> str:
 
 
 def main_fleet(args: argparse.Namespace) -> int:
+    if refused("fleet", args):
+        return 2
+    return report_run(
+        "fleet",
+        lambda: run_fleet(args.hosts, args.link_mbps, args.size_mb, args.dir, args.waves),
+        format_report,
+        args.json,
+    )
+
+
+def refused(bench: str, args: argparse.Namespace) -> bool:
+    """Whether the bench cannot run here (not root, no iproute2) or was given no agents or no
+    bytes; says why."""
     reason = missing_prerequisites()
-    if reason:
-        print(f"bench fleet: {reason}", file=sys.stderr)
-        return 2
-    if args.hosts < 1:
-        print("bench fleet: --hosts must be >= 1", file=sys.stderr)
-        return 2
+    if reason is None and (args.hosts < 1 or args.size_mb < 1):
+        reason = "--hosts and --size-mb must be >= 1"
+    if reason is not None:
+        print(f"bench {bench}: {reason}", file=sys.stderr)
+    return reason is not None
+
+
+def report_run(
+    bench: str,
+    run: Callable[[], dict[str, Any]],
+    report: Callable[[dict[str, Any]], str],
+    json_only: bool,
+) -> int:
+    """Run a network-namespace bench: its report (to stderr with --json) and its JSON line, or
+    exit 1 on a failure and 130 on an interrupt (its namespaces and processes are gone by then)."""
     try:
-        results = run_fleet(args.hosts, args.link_mbps, args.size_mb, args.dir, args.waves)
+        results = run()
     except (NetnsError, RuntimeError) as exc:
-        print(f"bench fleet: {exc}", file=sys.stderr)
+        print(f"bench {bench}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
-        print(
-            f"bench fleet: interrupted ({exc}); namespaces and processes removed",
-            file=sys.stderr,
-        )
+        print(f"bench {bench}: interrupted ({exc}); namespaces and processes removed", file=sys.stderr)
         return 130
-    print(format_report(results), file=sys.stderr if args.json else sys.stdout)
+    print(report(results), file=sys.stderr if json_only else sys.stdout)
     print(json.dumps(results, sort_keys=True))
     return 0

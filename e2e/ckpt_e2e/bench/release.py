@@ -23,7 +23,6 @@ A canary wave first adds a whole S / bw on top (the canary must serve before the
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -33,15 +32,23 @@ from pathlib import Path
 from typing import Any
 
 from ckpt_e2e.bench.dataplane import measure_digests
-from ckpt_e2e.bench.fleet import AGENT_PORT, SOURCE_PORT, Processes, log, signals_raise, start_sink
-from ckpt_e2e.bench.netns import Member, NetnsError, Topology, missing_prerequisites, sweep_stale
+from ckpt_e2e.bench.fleet import (
+    SINK_PORT,
+    agent_argv,
+    agent_url,
+    bench_network,
+    log,
+    refused,
+    report_run,
+    run_controller,
+)
+from ckpt_e2e.bench.netns import Member, sweep_stale
 from ckpt_e2e.hf_checkpoint import llama_like
 from ckpt_source.publish import publish
 
 TARGET = 1.5  # x (publish_bound + S/bw), at N = 8 (issue #33)
 HIDDEN = 1024  # 2 MiB BF16 projections: a tensor a hop is ~0.1 s of a 200 Mbit/s link
 VERSIONS = ("step-100", "step-200")  # booted, released
-SINK_PORT = 9099
 MiB = 1 << 20
 
 
@@ -101,57 +108,32 @@ def run_release(
         publish(base / VERSIONS[0], VERSIONS[0], root, link=True)
         digest_gbps = measure_digests(min(nbytes, 256 * MiB), 3)
         cores = os.cpu_count() or 1
-        procs = Processes()
-        topo: Topology | None = None
-        try:
-            with signals_raise():
-                topo = Topology()
-                src = topo.add("src", link_mbps)
-                ctl = topo.add("ctl", None)
-                members = [topo.add(f"h{i}", link_mbps) for i in range(hosts)]
-                py = [sys.executable, "-m", "ckpt_agent"]
-                serve = [*py, "serve", str(root), "--host", src.ip, "--port", str(SOURCE_PORT),
-                         "--log-level", "warning"]  # fmt: skip
-                procs.start(src.exec_argv(serve), base / "source.log")
-                start_sink(procs, members[0], SINK_PORT, base / "sink.log")
-                goodput = _goodput(ctl, members[0].ip, min(nbytes, 64 * MiB))
-                # The version they serve when the trainer's next step comes, read from the shared
-                # filesystem at boot (not over the links: that is not what is measured).
-                boot = ["--initial-version", VERSIONS[0], "--source", root.as_uri()]
-                agents = {}
-                for m in members:
-                    agent = [*py, "agent", "--engine", "paddle", "--host", m.ip, "--port", str(AGENT_PORT),
-                             "--no-auth", "--plain-http", "--log-level", "warning",
-                             "--paddle-weights", str(root / VERSIONS[0]), *boot]  # fmt: skip
-                    procs.start(m.exec_argv(agent), base / f"{m.name}.log")
-                    agents[f"worker-{m.name}"] = f"http://{m.ip}:{AGENT_PORT}"
-                s_over_bw = nbytes / goodput
-                log(f"release: {hosts} agents, {nbytes / MiB:.0f} MiB, links {link_mbps:g} Mbit/s "
-                    f"(measured {goodput * 8 / 1e6:.0f}), waves {waves}")  # fmt: skip
-                cfg = {
-                    "workdir": str(base / "ctl"),
-                    "agents": agents,
-                    "source": f"http://{src.ip}:{SOURCE_PORT}",
-                    "boot_version": VERSIONS[0],
-                    "version": VERSIONS[1],
-                    "trainer_dir": str(base / VERSIONS[1]),
-                    "publish_root": str(root),
-                    "waves": waves,
-                    "limit_s": 300 + 4 * hosts * s_over_bw,
-                }
-                (base / "ctl").mkdir()
-                argv = ctl.exec_argv([sys.executable, "-m", "ckpt_e2e.bench.release_ctl", json.dumps(cfg)])
-                done = subprocess.run(argv, capture_output=True, text=True, check=False)
-                if done.returncode != 0:
-                    logs = {p.name: p.read_text(errors="replace")[-2000:] for p in base.glob("*.log")}
-                    failed = done.stderr.strip()[-4000:]
-                    raise RuntimeError(f"release controller failed: {failed}\nlogs: {logs}")
-                timings = json.loads(done.stdout.strip().splitlines()[-1])
-        finally:
-            procs.stop()
-            left = topo.destroy() if topo is not None else []
-            if left:
-                log(f"could not delete namespaces {left}")
+        with bench_network(hosts, link_mbps, root, base) as net:
+            goodput = _goodput(net.ctl, net.members[0].ip, min(nbytes, 64 * MiB))
+            # The version they serve when the trainer's next step comes, read from the shared
+            # filesystem at boot (not over the links: that is not what is measured).
+            boot = ["--paddle-weights", str(root / VERSIONS[0]), "--initial-version", VERSIONS[0],
+                    "--source", root.as_uri()]  # fmt: skip
+            agents = {}
+            for m in net.members:
+                net.procs.start(m.exec_argv(agent_argv(m, *boot)), base / f"{m.name}.log")
+                agents[f"worker-{m.name}"] = agent_url(m)
+            s_over_bw = nbytes / goodput
+            log(f"release: {hosts} agents, {nbytes / MiB:.0f} MiB, links {link_mbps:g} Mbit/s "
+                f"(measured {goodput * 8 / 1e6:.0f}), waves {waves}")  # fmt: skip
+            cfg = {
+                "workdir": str(base / "ctl"),
+                "agents": agents,
+                "source": net.source_url,
+                "boot_version": VERSIONS[0],
+                "version": VERSIONS[1],
+                "trainer_dir": str(base / VERSIONS[1]),
+                "publish_root": str(root),
+                "waves": waves,
+                "limit_s": 300 + 4 * hosts * s_over_bw,
+            }
+            (base / "ctl").mkdir()
+            timings = run_controller(net.ctl, "ckpt_e2e.bench.release_ctl", cfg, base)
     publish_bound = nbytes / (digest_gbps * 1e9 * cores)
     bound = publish_bound + s_over_bw
     return {
@@ -211,12 +193,7 @@ def format_report(r: dict[str, Any]) -> str:
 
 
 def main_release(args: argparse.Namespace) -> int:
-    reason = missing_prerequisites()
-    if reason:
-        print(f"bench release: {reason}", file=sys.stderr)
-        return 2
-    if args.hosts < 1 or args.size_mb < 1:
-        print("bench release: --hosts and --size-mb must be >= 1", file=sys.stderr)
+    if refused("release", args):
         return 2
     try:
         waves = parse_waves(args.waves)
@@ -234,16 +211,11 @@ def main_release(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    started = time.monotonic()
-    try:
+
+    def run() -> dict[str, Any]:
+        started = time.monotonic()
         results = run_release(args.hosts, args.link_mbps, args.size_mb, waves, args.dir)
-    except (NetnsError, RuntimeError) as exc:
-        print(f"bench release: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt as exc:
-        print(f"bench release: interrupted ({exc}); namespaces and processes removed", file=sys.stderr)
-        return 130
-    results["bench_s"] = round(time.monotonic() - started, 1)
-    print(format_report(results), file=sys.stderr if args.json else sys.stdout)
-    print(json.dumps(results, sort_keys=True))
-    return 0
+        results["bench_s"] = round(time.monotonic() - started, 1)
+        return results
+
+    return report_run("release", run, format_report, args.json)
