@@ -27,7 +27,7 @@ from typing import Any
 
 from kubernetes import client, config
 
-from ckpt_api.vocabulary import AgentState, PodPhase
+from ckpt_api.vocabulary import AgentState, Phase, PodPhase
 from ckpt_e2e.bench.controlplane_env import CONTROL_PLANE, create_namespace, install_crd
 from ckpt_e2e.cluster import ClusterOptions, LocalCluster
 from ckpt_e2e.kwok_stages import POD_IP_ANNOTATION
@@ -130,7 +130,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
             strategy={"waves": cfg["waves"]},
         )
         rollouts.create(ROLLOUT, spec)
-        rollouts.wait_phase(ROLLOUT, {"Succeeded"}, timeout=300, version=cfg["boot_version"])
+        rollouts.wait_phase(ROLLOUT, {Phase.SUCCEEDED}, timeout=300, version=cfg["boot_version"])
         setup_s = time.monotonic() - t0
 
         # Imported here: the release client is the operator package's, and this is its caller.
@@ -151,7 +151,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         )
         released_s = time.monotonic() - started
         watch.finish(timeout=60)
-        if result.phase != "Succeeded" or len(watch.first_seen) < len(agents):
+        if result.phase != Phase.SUCCEEDED or len(watch.first_seen) < len(agents):
             raise SystemExit(
                 f"release ended {result.phase} ({result.summary}); agents serving {version}: "
                 f"{sorted(watch.first_seen)} of {sorted(agents.values())}; operator log: {operator.log_path}"
