@@ -3,8 +3,9 @@ number an RL team feels: from "the trainer wrote step N" to "every replica serve
 
 The trainer's directory is a Hugging Face model (llama-like, BF16, sharded safetensors with an
 index, config and tokenizer files) of about S MiB. The fleet is `bench fleet`'s topology: N real
-agents (paddle engine, streamed apply, booted on the previous version), each in a network
-namespace behind a veth capped with tc at B Mbit/s both ways, a source (`ckpt-rollout serve`)
+agents (paddle engine, staged apply: a tensor verified is relayed on while the rest still arrive;
+booted on the previous version from the shared filesystem), each in a network namespace behind a
+veth capped with tc at B Mbit/s both ways, a source (`ckpt-rollout serve`)
 behind the same cap, and an uncapped control namespace where a local control plane, the operator
 and the trainer's `ckpt-rollout release` run (`release_ctl`). One CheckpointRollout selects the
 N pods, checksums verified, waves `--waves` (default ["100%"]: one pipelined relay wave).
@@ -17,7 +18,8 @@ release returned (the CR said Complete), and
 with publish_bound = S / (this machine's cores x one core's xxh3 + blake3 rate) and bw the
 links' measured TCP payload rate, both measured in the same run. Target: <= 1.5 at N = 8 (#33).
 A canary wave first adds a whole S / bw on top (the canary must serve before the rest start):
-`--waves 1,100%` shows that cost.
+`--waves 1,100%` shows that cost. Each agent peaks at three copies of the version in host RAM
+(`fits_in_memory`): a size the machine cannot hold is refused before anything starts.
 """
 
 from __future__ import annotations

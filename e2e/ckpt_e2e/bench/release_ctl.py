@@ -24,6 +24,7 @@ import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from kubernetes import client, config
 
@@ -104,7 +105,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         create_namespace(api, NAMESPACE)
         core = client.CoreV1Api(api)
         for name, url in agents.items():
-            core.create_namespaced_pod(NAMESPACE, worker_pod(name, url.split("//")[1].split(":")[0]))
+            core.create_namespaced_pod(NAMESPACE, worker_pod(name, urlsplit(url).hostname or ""))
 
         def running() -> bool:
             pods = core.list_namespaced_pod(NAMESPACE).items
