@@ -38,6 +38,9 @@ from ckpt_agent.pipeline.smoke import Verdict, check_outputs, failed, skipped
 from ckpt_api.agent_api import HealthCheckRequest
 from ckpt_api.manifest import ReferenceRecord, TensorRecord
 
+# How often a request waiting for the parameters' lock looks again whether a pause came.
+_PAUSE_RECHECK_S = 0.05
+
 
 class PaddleEngine:
     name = "paddle"
@@ -141,18 +144,32 @@ class PaddleEngine:
     def _infer(self, *, traffic: bool = True) -> list[float]:
         """`traffic`: a request's forward pass, refused while paused; the smoke check's runs
         whoever holds the pause (it is not traffic)."""
-        if traffic and self._paused:
-            # Fail fast instead of queueing behind a streamed apply that holds the lock.
-            raise EngineUnavailable("the engine is paused")
-        with self._lock:
-            if traffic and self._paused:
-                raise EngineUnavailable("the engine is paused")
+        if traffic:
+            self._acquire_for_traffic()
+        else:
+            self._lock.acquire()
+        try:
             if not self._consistent:
                 raise EngineUnavailable("the model holds no consistent weights")
             assert self._model is not None, "a checkpoint-shaped model serves no /v1/infer"
             with paddle.no_grad():
                 out = self._model(paddle.to_tensor(self._input))
             return [float(v) for v in out.numpy().ravel()]
+        finally:
+            self._lock.release()
+
+    def _acquire_for_traffic(self) -> None:
+        """The lock for a request's forward pass, refused (EngineUnavailable) as soon as the
+        engine is paused, also while waiting: a streamed apply holds the lock for its whole load,
+        and a request that had passed the paused check just before the pause would otherwise
+        queue behind it for seconds and then be answered by whatever version ends up live."""
+        while True:
+            if self._paused:
+                raise EngineUnavailable("the engine is paused")
+            if self._lock.acquire(timeout=_PAUSE_RECHECK_S):
+                if not self._paused:
+                    return
+                self._lock.release()
 
     async def infer(self) -> list[float]:
         return await asyncio.to_thread(self._infer)
