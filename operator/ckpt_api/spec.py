@@ -299,7 +299,8 @@ class Strategy(ApiModel):
         bool,
         Field(
             description="Workers pull tensor bytes from peers: already-updated pods, and members of "
-            "their own wave that serve each tensor onward once verified (pipelined chains)"
+            "their own wave that serve each tensor's bytes onward as they land (pipelined chains; "
+            "every reader verifies every tensor)"
         ),
     ] = True
     relay_fanout: Annotated[

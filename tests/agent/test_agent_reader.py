@@ -61,8 +61,15 @@ def _expected(tree: Tree, entry: TensorRecord) -> bytes:
 
 
 def _read(
-    uri: str, manifest: ManifestDocument, *, chunk: int, cancelled: Callable[[], bool] = lambda: False
+    uri: str,
+    manifest: ManifestDocument,
+    *,
+    chunk: int,
+    cancelled: Callable[[], bool] = lambda: False,
+    on_landed: Callable[[TensorRecord, int, memoryview], None] | None = None,
 ) -> tuple[dict[str, bytes], LoadProgress]:
+    """``on_landed``: called with each piece's count as the reader hands it on, and the tensor's
+    buffer as it is then."""
     transport = open_transport(uri)
     buffers = {e.name: np.zeros(e.nbytes, np.uint8) for e in manifest.tensors}
     landed: dict[str, bytes] = {}
@@ -78,6 +85,7 @@ def _read(
             progress=progress,
             cancelled=cancelled,
             chunk_bytes=chunk,
+            on_landed=None if on_landed is None else lambda e, n: on_landed(e, n, buffers[e.name].data),
         )
     finally:
         transport.close()
@@ -90,6 +98,31 @@ async def test_verified_reads_land_every_byte(big: Tree, uri_of: Source, chunk: 
     landed, progress = await asyncio.to_thread(_read, await uri_of(big.root), manifest, chunk=chunk)
     assert landed == {e.name: _expected(big, e) for e in manifest.tensors}
     assert progress.bytes_done == manifest.tensor_bytes
+
+
+async def test_a_relaying_read_hands_on_each_piece_before_the_tensor_is_whole(
+    big: Tree, uri_of: Source
+) -> None:
+    """Pipelined relay: the count of a tensor's bytes in its buffer, piece by piece (at most
+    256 KiB each, so a chain's hop waits for a piece, not a tensor), each time with exactly those
+    bytes there."""
+    manifest = _manifest(big)
+    expected = {e.name: _expected(big, e) for e in manifest.tensors}
+    counts: dict[str, list[int]] = {e.name: [] for e in manifest.tensors}
+
+    def on_landed(entry: TensorRecord, n: int, buf: memoryview) -> None:
+        assert bytes(buf[:n]) == expected[entry.name][:n]
+        counts[entry.name].append(n)
+
+    landed, _ = await asyncio.to_thread(
+        _read, await uri_of(big.root), manifest, chunk=4 << 20, on_landed=on_landed
+    )
+    assert landed == expected
+    for entry in manifest.tensors:
+        steps = np.diff([0, *counts[entry.name]])
+        assert counts[entry.name][-1] == entry.nbytes, entry.name
+        assert (steps > 0).all(), (entry.name, counts[entry.name])
+        assert (steps <= 256 << 10).all(), (entry.name, counts[entry.name])
 
 
 @pytest.mark.parametrize("tensor", ["one-chunk", "chunks"])

@@ -1,7 +1,8 @@
 """The http relay stream (`server.relay_routes`) against a real aiohttp server, serving a staged
 copy (`RelayCopy` over a `StagingArea`) as views of its memory, not copies (issue #33): what it
-sends is the shard byte for byte, across tensor and 1 MiB piece boundaries; and a copy withdrawn
-while a response is being written ends that response early, never with other bytes."""
+sends is the shard byte for byte, across tensor and 1 MiB piece boundaries; a copy withdrawn
+while a response is being written ends that response early, never with other bytes; and a copy
+still loading (pipelined relay) streams a tensor's bytes as they land, not once it is whole."""
 
 from __future__ import annotations
 
@@ -55,10 +56,14 @@ def _as_relayed(shard: bytes, manifest: ManifestDocument, file: str) -> bytes:
     return bytes(out)
 
 
-async def _serve(tmp_path: Path, spec: ReferenceModelSpec) -> AsyncIterator[Served]:
+async def _serve(tmp_path: Path, spec: ReferenceModelSpec, *, loading: bool = False) -> AsyncIterator[Served]:
+    """``loading``: the copy of a load that has landed nothing yet (the test marks what lands)."""
     write_reference_checkpoint(tmp_path / "src", 7, spec)
     publish(tmp_path / "src", VERSION, tmp_path / "root")
     copy, manifest = _staged_copy(tmp_path / "root")
+    if loading:
+        assert copy.store is not None
+        copy = RelayCopy.in_progress(copy.manifest_raw, manifest, copy.store, asyncio.get_running_loop())
     shard = next(iter(manifest.files))
     expected = _as_relayed((tmp_path / "root" / VERSION / shard).read_bytes(), manifest, shard)
     app = aiohttp.web.Application()
@@ -83,6 +88,12 @@ async def odd(tmp_path: Path) -> AsyncIterator[Served]:
 @pytest.fixture
 async def big(tmp_path: Path) -> AsyncIterator[Served]:
     async for served in _serve(tmp_path, BIG):
+        yield served
+
+
+@pytest.fixture
+async def loading(tmp_path: Path) -> AsyncIterator[Served]:
+    async for served in _serve(tmp_path, BIG, loading=True):
         yield served
 
 
@@ -133,3 +144,44 @@ async def test_a_copy_withdrawn_mid_response_ends_it_without_other_bytes(big: Se
             await _read_rest(resp, got)
     assert 1 << 20 <= len(got) < len(big.expected)
     assert got == big.expected[: len(got)]
+
+
+async def _nothing_more(resp: aiohttp.ClientResponse) -> bool:
+    try:
+        await asyncio.wait_for(resp.content.readexactly(1), 0.3)
+    except TimeoutError:
+        return True
+    return False
+
+
+async def test_a_loading_copy_streams_a_tensor_as_its_bytes_land(loading: Served) -> None:
+    entries = loading.manifest.by_file[loading.shard]
+    first = max(entries, key=lambda e: e.nbytes)
+    assert first.nbytes >= 1 << 20
+    head = first.offset  # header, then the tensors before it, each landed whole and verified
+    for entry in entries:
+        if entry.offset < first.offset:
+            loading.copy.mark_ready(entry)
+    got = bytearray()
+    async with aiohttp.ClientSession() as session, session.get(loading.url) as resp:
+        assert resp.status == 200
+        got += await asyncio.wait_for(resp.content.readexactly(head), 10)
+        assert await _nothing_more(resp)  # nothing of `first` landed yet
+
+        loading.copy.mark_landed(first, 300_000)  # not verified: served on all the same
+        got += await asyncio.wait_for(resp.content.readexactly(300_000), 10)
+        assert await _nothing_more(resp)
+
+        # The load read the tensor again from its start (its peer failed): the stream waits until
+        # the bytes it has not sent yet are in again.
+        loading.copy.mark_landed(first, 100_000)
+        assert await _nothing_more(resp)
+        loading.copy.mark_landed(first, first.nbytes - 1)
+        got += await asyncio.wait_for(resp.content.readexactly(first.nbytes - 1 - 300_000), 10)
+        assert await _nothing_more(resp)
+
+        for entry in entries:
+            loading.copy.mark_ready(entry)
+        loading.copy.finish()
+        await _read_rest(resp, got)
+    assert got == loading.expected

@@ -44,7 +44,7 @@ class LoadJob:
     # The smoke check to run once the version is applied (the service runs it; engines ignore it).
     health_check: HealthCheckRequest | None = None
     # Pipelined relay: loaders that can (staged in-process) hand `publish_relay` their copy before
-    # the first tensor arrives, and mark each tensor servable once verified.
+    # the first tensor arrives, and serve its bytes on as they land (readers verify them).
     relay_while_loading: bool = False
     publish_relay: Callable[[RelayCopy], None] | None = field(default=None, repr=False, compare=False)
 

@@ -54,7 +54,7 @@ def pull_into(
     relay: RelayCopy | None = None,
 ) -> None:
     """Every tensor of `manifest` into `target`'s buffers, verified (and checked finite) when the
-    job asks for it, or when `relay` serves each onward as soon as it is (pipelined relay).
+    job asks for it, or when `relay` serves them onward as they land (pipelined relay).
 
     A peer that fails part way (gone, stalled, wrong bytes) is dropped for the rest of the load:
     the tensors it delivered and that verified stay, the others come from the source."""
@@ -84,6 +84,7 @@ def pull_into(
             chunk_bytes=chunk_bytes,
             parallelism=parallelism,
             check_finite=job.check_finite,
+            on_landed=None if relay is None else relay.mark_landed,
         )
 
     try:

@@ -44,6 +44,9 @@ MAX_EXTRA_FILE_BYTES = 1 << 30
 
 BufferFor = Callable[[TensorRecord], memoryview]
 OnTensor = Callable[[TensorRecord, memoryview], None]
+# (tensor, how many of its bytes are in its buffer so far, unverified): a pipelined relay serves
+# them on before the tensor is whole (its readers verify it end to end).
+OnLanded = Callable[[TensorRecord, int], None]
 
 
 @dataclass
@@ -223,6 +226,9 @@ def _skip(stream: ByteStream, nbytes: int, scratch: bytearray) -> None:
 # thread costs tens of microseconds each, more than overlapping saves on small pieces.
 _MIN_PIPELINED_BYTES = 2 << 20
 _MIN_PIECE_BYTES = 1 << 20
+# Pieces of a load that relays as it lands: each hop of a chain starts sending a tensor after
+# this many bytes of it (~10 ms at 200 Mbit/s), not after the whole of it.
+_RELAY_PIECE_BYTES = 256 << 10
 
 
 def _pieces(buf: memoryview, step: int) -> list[memoryview]:
@@ -304,6 +310,7 @@ def _read_tensor(
     cancelled: Callable[[], bool],
     ahead: Callable[[], _ReadAhead],
     untrusted: bool = False,
+    on_landed: OnLanded | None = None,
 ) -> None:
     what = f"tensor {entry.name!r} in {entry.file}"
     checked = verify or untrusted
@@ -318,24 +325,34 @@ def _read_tensor(
     whole = getattr(stream, "prefers_whole_tensors", False)
     ahead_ok = getattr(stream, "overlaps_hashing", False)
     inspect = hasher is not None or scan is not None
+    # Relayed on as it lands: smaller pieces, each handed on before it is hashed.
+    most = chunk_bytes if on_landed is None else min(chunk_bytes, _RELAY_PIECE_BYTES)
+    done = 0
     if inspect and ahead_ok and entry.nbytes >= _MIN_PIPELINED_BYTES:
         # At least two pieces, so that something overlaps even in a tensor of one chunk.
-        step = min(chunk_bytes, max(entry.nbytes // 2, _MIN_PIECE_BYTES))
+        step = most if on_landed is not None else min(chunk_bytes, max(entry.nbytes // 2, _MIN_PIECE_BYTES))
         # closing: however this loop ends, the helper has stopped writing `buf` when it does.
         with contextlib.closing(ahead().read(_pieces(buf, step), cancelled)) as landed:
             for piece in landed:
+                done += piece.nbytes
+                if on_landed is not None:
+                    on_landed(entry, done)
                 _inspect(piece, hasher, scan)
                 progress.add(piece.nbytes)
     else:
         # Streams that copy bytes in part by part (Mooncake's bounce buffer) let the hash run on
         # each part as it lands, while the next is in flight.
         read_landed = getattr(stream, "readinto_landed", None) if inspect else None
-        for piece in _pieces(buf, entry.nbytes if whole else chunk_bytes):
+        for piece in _pieces(buf, entry.nbytes if whole else most):
             _check_cancel(cancelled)
             if read_landed is not None:
                 read_landed(piece, lambda part: _inspect(part, hasher, scan))
             else:
                 stream.readinto(piece)
+            done += piece.nbytes
+            if on_landed is not None:
+                on_landed(entry, done)
+            if read_landed is None:
                 _inspect(piece, hasher, scan)
             progress.add(piece.nbytes)
     mismatch = None if check is None else check.mismatch(what)
@@ -362,6 +379,7 @@ def read_run(
     cancelled: Callable[[], bool],
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     check_finite: bool = False,
+    on_landed: OnLanded | None = None,
 ) -> None:
     stream = transport.open_range(version, run.file, run.start, run.end)
     helper: _ReadAhead | None = None
@@ -392,6 +410,7 @@ def read_run(
                 cancelled=cancelled,
                 ahead=ahead,
                 untrusted=untrusted,
+                on_landed=on_landed,
             )
             on_tensor(entry, buf)
             cursor = entry.end
@@ -414,11 +433,13 @@ def read_runs(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     parallelism: int = 1,
     check_finite: bool = False,
+    on_landed: OnLanded | None = None,
 ) -> None:
     """Read every run; with parallelism > 1, runs are read concurrently (buffers must not alias
     and `on_tensor` must be thread-safe). The first failure stops the others and is raised.
     `check_finite`: a floating tensor holding NaN/Inf fails (NonFiniteTensor) before
-    `on_tensor` sees it."""
+    `on_tensor` sees it. `on_landed` (thread-safe too): each piece's bytes as they land,
+    before the tensor is verified."""
     if parallelism <= 1 or len(runs) <= 1:
         for run in runs:
             read_run(
@@ -432,6 +453,7 @@ def read_runs(
                 cancelled=cancelled,
                 chunk_bytes=chunk_bytes,
                 check_finite=check_finite,
+                on_landed=on_landed,
             )
         return
     stop = threading.Event()
@@ -451,6 +473,7 @@ def read_runs(
                 cancelled=lambda: stop.is_set() or cancelled(),
                 chunk_bytes=chunk_bytes,
                 check_finite=check_finite,
+                on_landed=on_landed,
             )
         except BaseException:
             stop.set()

@@ -10,8 +10,13 @@ Which bytes a peer serves (decided per apply mode):
 Readers verify everything anyway; these rules keep an honest peer from serving torn data.
 
 A staged load asked to relay while it loads (`relayWhileLoading`, pipelined relay) publishes its
-copy before the first tensor arrives: each tensor is served once the load verified it, a reader
-of one not yet there waits for it (`NotReady`), and a failed load's copy is released.
+copy before the first tensor arrives. Over http a tensor's bytes are served as they land, before
+the load verified the tensor: each hop of a chain then adds the time of a piece, not of a whole
+tensor, and every reader verifies each tensor end to end anyway (bytes from a peer always are);
+a tensor that fails here fails or re-reads this load, and the reader then fails its own check.
+What a Mooncake mirror or `?ready=` hands out is only what the load verified (a Mooncake reader
+reads registered memory it cannot tell in flight from torn). A reader of bytes not there yet
+waits for them (`NotReady`), and a failed load's copy is released.
 The version's non-weight files (config, tokenizer, index) are small and kept in memory with the
 copy, verified, whatever the apply mode: a peer serves them as it received them.
 """
@@ -78,6 +83,8 @@ class RelayCopy:
         self.complete = True
         self.extras_ready = True
         self._ready: set[str] = set()
+        # Bytes of a tensor in the copy so far, before its verification (pipelined http relay).
+        self._landed: dict[str, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Future[None] | None = None
 
@@ -112,6 +119,13 @@ class RelayCopy:
                 self._ready.add(entry.name)
         self._wake()
 
+    def mark_landed(self, entry: TensorRecord, nbytes: int) -> None:
+        """The first `nbytes` of `entry` are in the copy, not verified yet (any thread). Lower than
+        before when the load reads the tensor again (from the source, after its peer failed)."""
+        with self._lock:
+            self._landed[entry.name] = nbytes
+        self._wake()
+
     def add_mirror(self, mirror: Callable[[TensorRecord], None]) -> None:
         """`mirror(entry)` now for each tensor verified so far, and for each one verified later
         before it is marked ready. Raises RelayGone once the copy is released (the store with it)."""
@@ -131,6 +145,10 @@ class RelayCopy:
 
     def is_ready(self, entry: TensorRecord) -> bool:
         return self.complete or entry.name in self._ready
+
+    def _available(self, entry: TensorRecord) -> int:
+        """How many of `entry`'s bytes may be streamed: all once verified, else those landed."""
+        return entry.nbytes if self.is_ready(entry) else self._landed.get(entry.name, 0)
 
     def ready_between(self, file: str, start: int, end: int) -> bool:
         """Whether every tensor of `file` overlapping [start, end) may be served."""
@@ -160,6 +178,9 @@ class RelayCopy:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._changed), left)
 
+    def _has_beyond(self, entry: TensorRecord, position: int) -> bool:
+        return self._available(entry) > position
+
     def _until(self, ready: Callable[[], bool]) -> Iterator[NotReady]:
         """`NotReady` until `ready()` holds (the reader waits in between); RelayGone if the copy is
         released meanwhile."""
@@ -174,6 +195,11 @@ class RelayCopy:
     def _wake(self) -> None:
         loop = self._loop
         if loop is None or loop.is_closed():
+            return
+        waiting = self._changed
+        if waiting is None or waiting.done():
+            # Nobody waits: a reader makes its future before it looks at the copy again, so one
+            # that starts waiting after this sees what changed (marked before this call).
             return
 
         def wake() -> None:
@@ -232,16 +258,20 @@ class RelayCopy:
             if entry.offset > pos:
                 yield from _zeros(entry.offset - pos)
                 pos = entry.offset
-            yield from self._until(partial(self.is_ready, entry))
-            data = self._tensor(entry)
             hi = min(end, entry.end)
-            for lo in range(pos, hi, _PIECE):
+            data: memoryview | None = None
+            while pos < hi:
+                yield from self._until(partial(self._has_beyond, entry, pos - entry.offset))
+                data = data if data is not None else self._tensor(entry)
                 # Pieces are views of the copy, written out without copying: a withdrawn copy
                 # ends the response here rather than serving on from memory it gave up.
                 if self.released:
                     raise self._gone()
-                yield data[lo - entry.offset : min(hi, lo + _PIECE) - entry.offset]
-            pos = hi
+                stop = min(hi, pos + _PIECE, entry.offset + self._available(entry))
+                if stop <= pos:
+                    continue  # the load began this tensor again (its peer failed): wait anew
+                yield data[pos - entry.offset : stop - entry.offset]
+                pos = stop
             i += 1
 
     def _tensor(self, entry: TensorRecord) -> memoryview:

@@ -11,10 +11,10 @@
                                             runs with --relay-mooncake tcp|rdma)
 
 Only the version this agent loaded and verified, while it is live, or the one it loads while
-asked to relay it as it loads (tensor by tensor, each once verified): anything else is 404 (the
-asking agent waits briefly for a peer that may be about to begin, then falls back to the
-source); an agent that never relays (its engine keeps no copy, --no-relay, or no Mooncake relay)
-answers 410, and the asking agent falls back at once.
+asked to relay it as it loads (its bytes as they land; `?ready=` and Mooncake: verified tensors):
+anything else is 404 (the asking agent waits briefly for a peer that may be about to begin, then
+falls back to the source); an agent that never relays (its engine keeps no copy, --no-relay, or
+no Mooncake relay) answers 410, and the asking agent falls back at once.
 """
 
 from __future__ import annotations
