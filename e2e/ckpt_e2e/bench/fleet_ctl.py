@@ -52,12 +52,22 @@ def wait_healthy(servers: list[str], limit_s: float) -> None:
                 time.sleep(0.2)
 
 
+def agent_status(url: str) -> AgentStatus:
+    """The agent's `/v1/status` (raises OSError or pydantic's ValidationError when it cannot say)."""
+    return AgentStatus.model_validate(_call("GET", url + "/v1/status", timeout=5.0))
+
+
+def serves(status: AgentStatus, version: str) -> bool:
+    """Whether the agent serves `version`: it is live and no load is running."""
+    return status.state != AgentState.LOADING and status.version == version
+
+
 def _live(url: str, version: str) -> AgentStatus | None:
     """The agent's status once it serves `version` (verified: the bench asks for checksums)."""
-    status = AgentStatus.model_validate(_call("GET", url + "/v1/status"))
+    status = agent_status(url)
     if status.state == AgentState.FAILED:
         raise SystemExit(f"{url}: loading {version} failed: {status.last_error}")
-    return status if status.state != AgentState.LOADING and status.version == version else None
+    return status if serves(status, version) else None
 
 
 def _send_update(url: str, version: str, source: dict[str, str | bool], limit_s: float) -> HTTPConnection:

@@ -19,8 +19,6 @@ import secrets
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -28,8 +26,9 @@ from urllib.parse import urlsplit
 
 from kubernetes import client, config
 
-from ckpt_api.vocabulary import AgentState, Phase, PodPhase
+from ckpt_api.vocabulary import Phase, PodPhase
 from ckpt_e2e.bench.controlplane_env import CONTROL_PLANE, create_namespace, install_crd
+from ckpt_e2e.bench.fleet_ctl import agent_status, serves
 from ckpt_e2e.cluster import ClusterOptions, LocalCluster
 from ckpt_e2e.kwok_stages import POD_IP_ANNOTATION
 from ckpt_e2e.procs import wait_for
@@ -52,17 +51,12 @@ def worker_pod(name: str, ip: str) -> dict[str, Any]:
     }
 
 
-def _serving(url: str) -> str | None:
-    """The version the agent serves (not while it loads), or None when it cannot say."""
+def _serving(url: str, version: str) -> bool:
+    """Whether the agent serves `version`; False too while it cannot say (read again later)."""
     try:
-        with urllib.request.urlopen(url + "/v1/status", timeout=5) as resp:  # bench-built http URL
-            status = json.loads(resp.read())
-    except (OSError, urllib.error.URLError, ValueError):
-        return None
-    if status.get("state") == AgentState.LOADING:
-        return None
-    version = status.get("version")
-    return version if isinstance(version, str) else None
+        return serves(agent_status(url), version)
+    except (OSError, ValueError):  # unreachable for now, or not a status (ValidationError)
+        return False
 
 
 class ServingWatch:
@@ -78,7 +72,7 @@ class ServingWatch:
     def _run(self) -> None:
         while not self._stop.is_set() and len(self.first_seen) < len(self.agents):
             for url in self.agents:
-                if url not in self.first_seen and _serving(url) == self.version:
+                if url not in self.first_seen and _serving(url, self.version):
                     self.first_seen[url] = time.monotonic() - self.start
             self._stop.wait(POLL_S)
 
