@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 
-from ckpt_agent.pipeline.staging import TensorStore
+from ckpt_agent.pipeline.staging import StagingArea, TensorStore
 from ckpt_api.manifest import ManifestDocument, TensorRecord
 
 ReadTensor = Callable[[TensorRecord], memoryview]
@@ -68,6 +68,10 @@ class RelayCopy:
         self.manifest = manifest
         self.version = manifest.version
         self.store = store  # what a Mooncake export mirrors, if any (never registered itself)
+        # Pieces are views of host memory, taken without blocking: the http stream slices them on
+        # its event loop instead of handing each piece to a thread (a live-parameter read takes
+        # the engine's lock; a staging directory's pages may have to come from disk).
+        self.in_memory = isinstance(store, StagingArea)
         self.source = source
         self.extra_files: Mapping[str, bytes] = dict(extra_files or {})
         self._read_tensor = read_tensor

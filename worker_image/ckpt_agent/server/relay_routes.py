@@ -75,9 +75,10 @@ async def _stream(
     done = object()
 
     async def next_piece() -> object:
-        # Reading a piece may copy from the live parameters under the engine lock: off-loop.
+        # Reading a piece may copy from the live parameters under the engine lock or fault in a
+        # staging file's pages: off-loop, unless the copy is in host memory.
         while True:
-            piece = await asyncio.to_thread(next, pieces, done)
+            piece = next(pieces, done) if copy.in_memory else await asyncio.to_thread(next, pieces, done)
             if not isinstance(piece, NotReady):
                 return piece
             # A tensor the running load has not verified yet: wait here, on the loop (no thread
