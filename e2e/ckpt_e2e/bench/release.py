@@ -3,7 +3,7 @@ number an RL team feels: from "the trainer wrote step N" to "every replica serve
 
 The trainer's directory is a Hugging Face model (llama-like, BF16, sharded safetensors with an
 index, config and tokenizer files) of about S MiB. The fleet is `bench fleet`'s topology: N real
-agents (paddle engine, staged apply: a tensor verified is relayed on while the rest still arrive;
+agents (paddle engine, staged apply: each tensor's bytes are relayed on as they land;
 booted on the previous version from the shared filesystem), each in a network namespace behind a
 veth capped with tc at B Mbit/s both ways, a source (`ckpt-rollout serve`)
 behind the same cap, and an uncapped control namespace where a local control plane, the operator
