@@ -294,4 +294,25 @@ INVALID_SPECS: list[InvalidSpec] = [
         "strategy.analysis.prometheusAddress",
         "should match pattern",
     ),
+    InvalidSpec(
+        "replica-groups-one-label",
+        _with("replicaGroups", {"groupLabel": "role", "leaderLabel": "role"}),
+        "one label cannot both name a pod's replica and mark its leader",
+        "replicaGroups",
+        "must differ",
+    ),
+    InvalidSpec(
+        "replica-groups-size-zero",
+        _with("replicaGroups", {"size": 0}),
+        "a replica has at least its leader",
+        "replicaGroups.size",
+        "greater than or equal to 1",
+    ),
+    InvalidSpec(
+        "replica-groups-label-not-a-key",
+        _with("replicaGroups", {"groupLabel": "group key"}),
+        "the grouping label is a Kubernetes label key",
+        "replicaGroups.groupLabel",
+        "should match pattern",
+    ),
 ]

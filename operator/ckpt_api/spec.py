@@ -431,6 +431,67 @@ class Checks(ApiModel):
     ] = False
 
 
+# LeaderWorkerSet's own pod labels and annotation (sigs.k8s.io/lws): the default grouping.
+LWS_GROUP_KEY_LABEL = "leaderworkerset.sigs.k8s.io/group-key"
+LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+LWS_SIZE_ANNOTATION = "leaderworkerset.sigs.k8s.io/size"
+# A label key: an optional DNS-subdomain prefix and "/", then a name.
+_LABEL_KEY_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+
+
+class ReplicaGroups(ApiModel):
+    """Replicas served across several pods (a multi-node engine, e.g. a LeaderWorkerSet): the
+    pods of one replica switch as one. Every member's agent stages the version first; only when
+    all hold it is the leader's agent called, which updates the engine once for the whole
+    replica. Waves, maxFailures and status then count replicas, not pods."""
+
+    model_config = config_with_rules(
+        _cel("self.groupLabel != self.leaderLabel", "groupLabel and leaderLabel must differ")
+    )
+
+    group_label: Annotated[
+        str,
+        Field(
+            pattern=_LABEL_KEY_PATTERN,
+            max_length=317,
+            description="Pod label whose value names a pod's replica (LeaderWorkerSet's group-key)",
+        ),
+    ] = LWS_GROUP_KEY_LABEL
+    leader_label: Annotated[
+        str,
+        Field(
+            pattern=_LABEL_KEY_PATTERN,
+            max_length=317,
+            description="Pod label that marks a replica's leader (with leaderValue)",
+        ),
+    ] = LWS_WORKER_INDEX_LABEL
+    leader_value: Annotated[
+        str,
+        Field(max_length=63, description="The leaderLabel value of the leader (LeaderWorkerSet's: 0)"),
+    ] = "0"
+    size: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            le=1024,
+            description=(
+                "Pods per replica, the leader included; unset: each pod's "
+                "leaderworkerset.sigs.k8s.io/size annotation. A replica with fewer Running "
+                "members, or without its leader, is not switched until it is whole"
+            ),
+        ),
+    ] = None
+
+    @model_validator(mode="after")
+    def _labels_differ(self) -> "ReplicaGroups":
+        if self.group_label == self.leader_label:
+            raise ValueError("groupLabel and leaderLabel must differ")
+        return self
+
+
 # Kubernetes' own rules for a ConfigMap's name (a DNS subdomain) and for its keys.
 CONFIGMAP_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 CONFIGMAP_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
@@ -517,6 +578,15 @@ class DeclaredRolloutSpec(ApiModel):
     failure_policy: FailurePolicy = FailurePolicy()
     timeouts: Timeouts = Timeouts()
     checks: Checks = Checks()
+    replica_groups: Annotated[
+        ReplicaGroups | None,
+        Field(
+            description=(
+                "Set (even to {}) when one replica is several pods (multi-node SGLang, vLLM or "
+                "FastDeploy, usually a LeaderWorkerSet): its defaults are LeaderWorkerSet's labels"
+            )
+        ),
+    ] = None
     paused: Annotated[bool, Field(description="Stop starting new waves until set back to false")] = False
 
     @field_validator("version", mode="before")

@@ -152,6 +152,8 @@ class WorkerReason(StrEnum):
     # Written by the operator: it could not learn the outcome (the worker may or may not have
     # loaded the version), or the agent named no reason.
     WORKER_TIMEOUT = "WorkerTimeout"
+    # A replica's follower could not stage the version: its leader was never called.
+    MEMBER_FAILED = "MemberFailed"
     AGENT_UNREACHABLE = "AgentUnreachable"
     LOAD_FAILED = "LoadFailed"
 

@@ -66,7 +66,9 @@ def fold_settled(d: Draft) -> None:
     reported before it left: what an agent says as it shuts down (Cancelled) is no failure."""
     target = d.status.target_version
     settled = {p for w in d.status.waves if w.phase is WavePhase.COMPLETED for p in w.pods}
-    departed = {p for w in d.status.waves for p in w.replaced} | (settled - set(d.rollout.pods))
+    departed = {p for w in d.status.waves for p in w.replaced} | (settled - set(d.rollout.units))
+    # A settled replica's followers staged for it: their entries go with the leader's.
+    settled |= {f for p in settled for f in d.rollout.replicas.followers.get(p, ())}
     late = [
         name
         for name, entry in d.status.workers.items()
@@ -85,7 +87,7 @@ def outcomes(d: Draft, target: Target, called: list[str]) -> dict[str, Outcome]:
     called_set = set(called)
     result = {
         p: reported_outcome(
-            workers.get(p), target=target.version, present=p in d.rollout.pods, called=p in called_set
+            workers.get(p), target=target.version, present=_present(d, p), called=p in called_set
         )
         for p in target.members
     }
@@ -107,6 +109,11 @@ def outcomes(d: Draft, target: Target, called: list[str]) -> dict[str, Outcome]:
             f"{name}: {entry.reason}: {entry.message or ''}"[:1000],
         )
     return result
+
+
+def _present(d: Draft, pod: str) -> bool:
+    """A unit (a whole replica's leader, or a pod) or a whole replica's follower is present."""
+    return pod in d.rollout.units or pod in d.rollout.replicas.follower_names
 
 
 def learn_digest(d: Draft, version: str, reported: list[str | None]) -> None:

@@ -40,7 +40,8 @@ from ckpt_api.vocabulary import (
 )
 from ckpt_rollout.domain import analyzing
 from ckpt_rollout.domain.conditions import Verdict
-from ckpt_rollout.domain.drive import Target, cancel_loads, drive, fold_heard, fold_settled
+from ckpt_rollout.domain.drive import Target, cancel_loads, fold_heard, fold_settled
+from ckpt_rollout.domain.gang import drive_units
 from ckpt_rollout.domain.outcomes import Outcome, failed_workers, loaded, transfer_split
 from ckpt_rollout.domain.pinning import unpinned_note
 from ckpt_rollout.domain.plan import (
@@ -50,6 +51,7 @@ from ckpt_rollout.domain.plan import (
     Probe,
     Rollout,
     spec_wave_name,
+    unit_word,
     updated_replicas,
     wave_name,
 )
@@ -113,7 +115,7 @@ def classify(d: Draft) -> State:
         return State.ABORT
     if deadline_exceeded(d):
         return State.DEADLINE
-    if not d.rollout.pods and not status.waves:
+    if not d.rollout.units and not status.waves:
         return State.NO_WORKERS
     return State.ADVANCE
 
@@ -191,7 +193,7 @@ def _start(d: Draft, why: str = "") -> bool:
     superseding = status.phase in (Phase.PROGRESSING, Phase.PAUSED)
     old_target = status.target_version
     previous = status.stable_version or status.previous_version
-    pods, waves_ = counted(len(d.rollout.pods), "pod"), counted(len(spec.strategy.waves), "wave")
+    pods, waves_ = counted(len(d.rollout.units), unit_word(d)), counted(len(spec.strategy.waves), "wave")
     message = f"rolling out {spec.version} to {pods} in {waves_}"
     waves: list[WaveStatus] = []
     if why:
@@ -200,7 +202,7 @@ def _start(d: Draft, why: str = "") -> bool:
         cancel_loads(d, old_target)
         message = f"{old_target} superseded by {spec.version}; " + message
         # Pods the superseded rollout already called get the newest version first.
-        catch_up = sorted({p for w in status.waves for p in w.called} & set(d.rollout.pods))
+        catch_up = sorted({p for w in status.waves for p in w.called} & set(d.rollout.units))
         if catch_up:
             waves.append(
                 WaveStatus(
@@ -243,7 +245,7 @@ def _done(d: Draft) -> bool:
     """After success, pods that appeared since (new or re-created) get the stable version."""
     if d.status.phase is not Phase.SUCCEEDED:
         return False
-    new = sorted(set(d.rollout.pods) - {p for w in d.status.waves for p in w.pods})
+    new = sorted(set(d.rollout.units) - {p for w in d.status.waves for p in w.pods})
     if not new:
         return False
     d.event(
@@ -444,7 +446,7 @@ def _advance(d: Draft) -> bool:
     spec_done = _spec_done(d)
     if spec_done < len(d.spec.strategy.waves):
         return _start_wave(d, spec_done)
-    late = sorted(set(d.rollout.pods) - {p for w in waves for p in w.pods})
+    late = sorted(set(d.rollout.units) - {p for w in waves for p in w.pods})
     if late:
         _add_wave(d, WaveKind.DRIFT, late, "joined during the rollout")
         return True
@@ -458,7 +460,7 @@ def _start_wave(d: Draft, spec_index: int) -> bool:
     members = plan_wave(
         index=spec_index,
         waves=d.spec.strategy.waves,
-        eligible=d.rollout.pods,
+        eligible=d.rollout.units,
         assigned=assigned,
         key=_order_key(d),
     )
@@ -471,13 +473,13 @@ def _start_wave(d: Draft, spec_index: int) -> bool:
             return False
         if probed[1] and probed[1] != d.spec.version:
             d.set(previous_version=probed[1])
-    message = f"{spec_wave_name(d, spec_index)}: {counted(len(members), 'pod')}"
+    message = f"{spec_wave_name(d, spec_index)}: {counted(len(members), unit_word(d))}"
     d.add_wave(
         WaveStatus(
             index=len(waves),
             kind=WaveKind.SPEC,
             spec_index=spec_index,
-            target=len(set(assigned) & set(d.rollout.pods)) + len(members),
+            target=len(set(assigned) & set(d.rollout.units)) + len(members),
             pods=members,
             started_at=d.now.stamp,
         )
@@ -496,7 +498,7 @@ def _order_key(d: Draft) -> str:
 def _untaken(d: Draft) -> list[str]:
     """Selected pods no wave has taken, in this rollout's order."""
     taken = {p for w in d.status.waves for p in w.pods}
-    return rollout_order([p for p in d.rollout.pods if p not in taken], _order_key(d))
+    return rollout_order([p for p in d.rollout.units if p not in taken], _order_key(d))
 
 
 def _replace_departed(d: Draft, index: int) -> None:
@@ -504,7 +506,7 @@ def _replace_departed(d: Draft, index: int) -> None:
     to selected pods no wave has taken, so the wave still updates as many pods as it planned: a
     canary replaced mid-load is followed by another canary, not by the next wave."""
     wave = d.status.waves[index]
-    workers, pods = d.status.workers, d.rollout.pods
+    workers, pods = d.status.workers, d.rollout.units
     departed = [p for p in wave.pods if p not in pods and not loaded(workers.get(p), d.spec.version)]
     swap = dict(zip(departed, _untaken(d), strict=False))
     if not swap:
@@ -527,18 +529,18 @@ def _unproven(d: Draft, index: int, failed: list[str], gone: list[str]) -> bool:
     It tries the next pod no wave has taken; with none left, it waits for one to take a departed
     member's place, and when only failures are left (within the budget), the rollout fails."""
     wave = d.status.waves[index]
-    label, version = wave_name(d, wave), d.spec.version
+    label, version, unit = wave_name(d, wave), d.spec.version, unit_word(d)
     untaken = _untaken(d)
     if untaken:
         d.set_wave(index, pods=[*wave.pods, untaken[0]])
         tried = ", ".join(failed)
-        message = f"{label}: no pod has loaded {version} yet ({tried} failed); {untaken[0]} tries it"
+        message = f"{label}: no {unit} has loaded {version} yet ({tried} failed); {untaken[0]} tries it"
         d.set(message=message)
         d.event(EventType.NORMAL, EventReason.WAVE_STARTED, message)
         return True
     if gone:
         message = (
-            f"{label}: no pod has loaded {version} yet; waiting for a pod to take the place of "
+            f"{label}: no {unit} has loaded {version} yet; waiting for a {unit} to take the place of "
             f"{', '.join(gone)} (gone)"
         )
         d.set(message=message)
@@ -546,14 +548,14 @@ def _unproven(d: Draft, index: int, failed: list[str], gone: list[str]) -> bool:
     entry = d.status.workers[failed[0]]
     reason = entry.reason or RolloutReason.WORKER_FAILED
     tried = ", ".join(failed)
-    message = f"{label}: no pod loaded {version} ({tried} failed) and no other pod is left to try it"
+    message = f"{label}: no {unit} loaded {version} ({tried} failed) and no other {unit} is left to try it"
     d.set_wave(index, phase=WavePhase.FAILED, completed_at=d.now.stamp, failed=len(failed))
     return _fail(d, reason, message)
 
 
 def _add_wave(d: Draft, kind: WaveKind, pods: list[str], came: str) -> None:
     """A wave for pods outside the spec's waves; ``came``: when they did."""
-    message = f"bringing {d.spec.version} to {counted(len(pods), 'pod')} that {came}"
+    message = f"bringing {d.spec.version} to {counted(len(pods), unit_word(d))} that {came}"
     d.add_wave(
         WaveStatus(index=len(d.status.waves), kind=kind, target=len(pods), pods=pods, started_at=d.now.stamp)
     )
@@ -578,7 +580,7 @@ def _run_wave(d: Draft, index: int) -> bool:
         kind="wave",  # pragma: no mutate (Target.kind is read nowhere)
         may_call=not d.spec.paused,
     )
-    called, outcomes = drive(d, target)
+    called, outcomes = drive_units(d, target)
     if called != wave.called:
         d.set_wave(index, called=called)
     if outcomes is None:
@@ -590,8 +592,8 @@ def _complete_wave(d: Draft, index: int, outcomes: dict[str, Outcome]) -> bool:
     workers = d.status.workers
     label = wave_name(d, d.status.waves[index])
     failed_here = [p for p, o in outcomes.items() if o is Outcome.FAILED]
-    failures = failed_workers(d.status, d.rollout.pods)
-    budget = failure_budget(d.spec.failure_policy.max_failures, len(d.rollout.pods))
+    failures = failed_workers(d.status, d.rollout.units)
+    budget = failure_budget(d.spec.failure_policy.max_failures, len(d.rollout.units))
     if len(failures) > budget:
         # With none of its own, earlier failures are over a budget that shrank (a spec edit,
         # fewer pods): name one of those.
@@ -629,7 +631,9 @@ def _complete_wave(d: Draft, index: int, outcomes: dict[str, Outcome]) -> bool:
     wave = d.status.waves[index]
     # Fold successes into the wave's counter so status stays small for big fleets; failures
     # stay listed for whoever investigates, and what departed members said goes with them.
-    d.set_workers({p: None for p in [*updated, *gone] if p in workers})
+    followers = d.rollout.replicas.followers
+    folded = [m for p in [*updated, *gone] for m in (p, *followers.get(p, ()))]
+    d.set_workers({p: None for p in folded if p in workers})
     message = f"{label} completed: {len(updated)} updated"
     if failed_here:
         message += f", {len(failed_here)} failed (within budget {budget})"
@@ -653,7 +657,7 @@ def _after_analysis(d: Draft, index: int, ending: analyzing.Ending | None) -> bo
 
 
 def _finish(d: Draft) -> None:
-    message = f"{d.spec.version} is live on {counted(updated_replicas(d.status), 'pod')}"
+    message = f"{d.spec.version} is live on {counted(updated_replicas(d.status), unit_word(d))}"
     d.set(
         Verdict(Phase.SUCCEEDED, RolloutReason.ROLLOUT_COMPLETED, message),
         phase=Phase.SUCCEEDED,
@@ -672,7 +676,9 @@ def _finish(d: Draft) -> None:
 def rollback_members(d: Draft) -> list[str]:
     """Every pod this rollout called, but those that surely kept their old weights."""
     workers = d.status.workers
-    called = {p for w in d.status.waves for p in w.called}
+    # A replica's followers only staged: its leader's engine is what a rollback puts back.
+    followers = d.rollout.replicas.follower_names
+    called = {p for w in d.status.waves for p in w.called if p not in followers}
 
     def kept_old_weights(pod: str) -> bool:
         entry = workers.get(pod)
@@ -720,7 +726,7 @@ def _rolling_back(d: Draft) -> bool:
         wave=len(d.status.waves),
         kind="rollback",  # pragma: no mutate (Target.kind is read nowhere)
     )
-    called, outcomes = drive(d, target)
+    called, outcomes = drive_units(d, target)
     if called != rollback.called:
         rollback = rollback.model_copy(update={"called": called})
         d.set(rollback=rollback)

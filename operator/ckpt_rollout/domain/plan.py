@@ -7,6 +7,7 @@ analysis measurement. Nothing here does I/O."""
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 
 from ckpt_api.agent_api import UpdateWeightsRequest
 from ckpt_api.spec import CheckpointRolloutSpec
@@ -14,6 +15,7 @@ from ckpt_api.status import CheckpointRolloutStatus, Condition, WaveStatus, Work
 from ckpt_api.vocabulary import EventReason, EventType, WaveKind, WavePhase, WorkerPhase
 from ckpt_rollout.domain.conditions import Verdict, evaluate_conditions
 from ckpt_rollout.domain.outcomes import failed_workers
+from ckpt_rollout.domain.replicas import Replicas, form_replicas
 from ckpt_rollout.domain.troubles import Trouble
 from ckpt_rollout.domain.world import Memory, Now, Peer, Pod, Tuning
 
@@ -39,6 +41,16 @@ class Rollout:
     peers: tuple[Peer, ...] = ()
     # Selected pods that are not Running and cannot start, with why.
     stuck: Mapping[str, Trouble] = field(default_factory=dict)
+
+    @cached_property
+    def replicas(self) -> Replicas:
+        return form_replicas(self.pods, self.spec.replica_groups)
+
+    @property
+    def units(self) -> Mapping[str, Pod]:
+        """What waves, budgets and counters count: whole replicas' leaders (every pod when the
+        rollout has no replica groups)."""
+        return self.replicas.leaders
 
 
 @dataclass(frozen=True)
@@ -215,18 +227,23 @@ def updated_replicas(status: CheckpointRolloutStatus) -> int:
 def derived_counters(status: CheckpointRolloutStatus, rollout: Rollout) -> dict[str, object]:
     """Counters for kubectl and kstatus, re-derived from waves and workers on every step."""
     done = [w for w in status.waves if w.phase is WavePhase.COMPLETED]
-    failed = len(failed_workers(status, rollout.pods))
+    failed = len(failed_workers(status, rollout.units))
     spec_done = sum(1 for w in done if w.kind is WaveKind.SPEC)
     total = len(rollout.spec.strategy.waves)
     return {
         "observed_generation": rollout.meta.generation,
-        "replicas": len(rollout.pods),
+        "replicas": len(rollout.units),
         "updated_replicas": updated_replicas(status),
         "failed_replicas": failed,
         "current_wave": spec_done,
         "total_waves": total,
         "wave_progress": f"{spec_done}/{total}",
     }
+
+
+def unit_word(d: Draft) -> str:
+    """What messages count: replicas where they span pods, else pods."""
+    return "replica" if d.spec.replica_groups is not None else "pod"
 
 
 def spec_wave_name(d: Draft, spec_index: int) -> str:

@@ -37,6 +37,7 @@ class Pod:
     ip: str
     labels: Mapping[str, str]
     uid: str = ""  # "" where unknown (tests that build pods by hand)
+    group_size: int | None = None  # its replica's pod count, as LeaderWorkerSet annotates it
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ This replaces a kopf index on pods: kopf runs every pod event through its per-ob
 machinery (a worker task, a diff base deep copy, handler matching) and holds back every
 handler until the initial list has been through it. With 5000 worker pods that was minutes
 of CPU before the first rollout step, and hundreds of MB. A rollout only needs each pod's
-name, IP and labels, so that is all this keeps.
+name, IP and labels (and LeaderWorkerSet's group size), so that is all this keeps.
 """
 
 import asyncio
@@ -14,6 +14,7 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
+from ckpt_api.spec import LWS_SIZE_ANNOTATION
 from ckpt_api.vocabulary import PodPhase
 from ckpt_rollout.domain.world import Pod
 from ckpt_rollout.io.reflector import Reflector
@@ -55,7 +56,20 @@ def running_pod(obj: dict[str, Any]) -> Pod | None:
     ip = status.get("podIP")
     if status.get("phase") != PodPhase.RUNNING or not ip or meta.get("deletionTimestamp"):
         return None
-    return Pod(name=meta["name"], ip=ip, labels=dict(meta.get("labels") or {}), uid=meta.get("uid") or "")
+    return Pod(
+        name=meta["name"],
+        ip=ip,
+        labels=dict(meta.get("labels") or {}),
+        uid=meta.get("uid") or "",
+        group_size=group_size((meta.get("annotations") or {}).get(LWS_SIZE_ANNOTATION)),
+    )
+
+
+def group_size(annotation: object) -> int | None:
+    """LeaderWorkerSet's size annotation as a count; None when absent or not a positive int."""
+    if not isinstance(annotation, str) or not annotation.isdigit():
+        return None
+    return int(annotation) or None
 
 
 class PodCache:

@@ -1,0 +1,83 @@
+"""One step toward replicas that span pods serving a version (`spec.replicaGroups`): a replica
+switches as one. Its followers' agents stage the version first (each pulls and verifies it where
+its node's engine rank reads it; nothing serves it yet); only once every follower holds it is
+the leader's agent called, which updates the engine once for the whole replica, checks it and
+resumes it. A follower that cannot stage fails its replica with the leader never called, so
+nothing was applied. Pure: works on a Draft, through `drive` for each side."""
+
+from ckpt_api.status import WorkerStatus
+from ckpt_api.vocabulary import WorkerReason
+from ckpt_rollout.domain.drive import Target, drive, failure_entry, outcomes
+from ckpt_rollout.domain.outcomes import Outcome
+from ckpt_rollout.domain.plan import Draft
+
+
+def drive_units(d: Draft, target: Target) -> tuple[list[str], dict[str, Outcome] | None]:
+    """`drive` for a rollout's units: ``target.members`` are pods, or replicas' leaders when the
+    rollout has replica groups. Returns who was called so far (followers included) and each
+    unit's outcome once every one is decided, else None."""
+    if d.spec.replica_groups is None:
+        return drive(d, target)
+    followers = d.rollout.replicas.followers
+    called = list(target.called)
+    leads = outcomes(d, target, called)
+    # Replicas whose leader was not called yet stage first (a leader called already needs its
+    # followers no more: they staged before it was).
+    staging = [lead for lead, o in leads.items() if o is Outcome.UNCALLED]
+    stagers = [f for lead in staging for f in followers.get(lead, ())]
+    staged: dict[str, Outcome] = {}
+    if stagers:
+        stage = _part(target, stagers, called)
+        stage_called, _ = drive(d, stage)
+        called = _merged(called, stage_called)
+        staged = outcomes(d, stage, stage_called)
+    ready: list[str] = []
+    failed: dict[str, WorkerStatus | None] = {}
+    for lead in staging:
+        states = {f: staged[f] for f in followers.get(lead, ())}
+        broken = [f for f, o in states.items() if o is Outcome.FAILED]
+        if broken:
+            failed[lead] = _member_failure(d, target, lead, broken[0])
+        elif all(o is Outcome.UPDATED for o in states.values()):
+            ready.append(lead)
+    if failed:
+        d.set_workers(failed)
+    called_set = set(called)
+    leaders = [lead for lead in target.members if lead in called_set or lead in ready]
+    if leaders:
+        leading = _part(target, leaders, called)
+        lead_called, _ = drive(d, leading)
+        called = _merged(called, lead_called)
+    decided = outcomes(d, target, called)
+    if any(o in (Outcome.WAITING, Outcome.UNCALLED) for o in decided.values()):
+        return called, None
+    return called, decided
+
+
+def _part(target: Target, members: list[str], called: list[str]) -> Target:
+    chosen = set(members)
+    return Target(
+        version=target.version,
+        members=members,
+        called=[p for p in called if p in chosen],
+        wave=target.wave,
+        kind=target.kind,
+        may_call=target.may_call,
+    )
+
+
+def _merged(called: list[str], more: list[str]) -> list[str]:
+    seen = set(called)
+    return [*called, *(p for p in more if p not in seen)]
+
+
+def _member_failure(d: Draft, target: Target, leader: str, follower: str) -> WorkerStatus:
+    entry = d.status.workers[follower]
+    why = f"{entry.reason}: {entry.message}" if entry.message else str(entry.reason)
+    return failure_entry(
+        target.version,
+        target.wave,
+        WorkerReason.MEMBER_FAILED,
+        f"member {follower} could not stage {target.version} ({why}); the replica was left as it was",
+        d.now.stamp,
+    )
