@@ -198,6 +198,7 @@ WIRE_WORDS: dict[type[StrEnum], list[str]] = {
         "StagingFull",
         "Cancelled",
         "WorkerTimeout",
+        "MemberFailed",
         "AgentUnreachable",
         "LoadFailed",
     ],

@@ -202,6 +202,15 @@ class UpdateWeightsRequest(_Request):
             "not all in by then; applying them and the smoke check are not counted",
         ),
     ] = None
+    # Absent: keep nothing beyond what the engine keeps by itself.
+    retain: Annotated[
+        list[Version] | None,
+        Field(
+            max_length=4,
+            description="Versions a follower of a multi-node replica (engine member) keeps staged "
+            "beside this one: what its replica's leader may restore while it switches",
+        ),
+    ] = None
 
 
 class CancelLoadRequest(_Request):

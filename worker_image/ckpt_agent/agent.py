@@ -97,8 +97,12 @@ def _disk_engine(config: AgentConfig) -> Engine:
         "parallelism": config.parallelism,
         "relay": config.relay,
     }
-    url = config.engine_url or DEFAULT_ENGINE_URLS[config.engine]
     assert config.staging_dir is not None  # validated
+    if config.engine == "member":
+        from ckpt_agent.engines.member import MemberEngine
+
+        return MemberEngine(config.staging_dir, **staging)
+    url = config.engine_url or DEFAULT_ENGINE_URLS[config.engine]
     if config.engine == "sglang":
         from ckpt_agent.engines.sglang import SGLangEngine
 

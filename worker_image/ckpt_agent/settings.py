@@ -42,7 +42,7 @@ from ckpt_agent.server.httpserver import ConnectionLimits
 from ckpt_agent.service.load_watch import DEFAULT_LOAD_RATE_WINDOW_S, DEFAULT_MIN_LOAD_RATE
 from ckpt_api.constants import DEFAULT_AGENT_METRICS_PORT, DEFAULT_AGENT_PORT
 
-Engine = Literal["paddle", "fastdeploy", "null", "sglang", "vllm"]
+Engine = Literal["paddle", "fastdeploy", "null", "sglang", "vllm", "member"]
 LogFormat = Literal["text", "json"]
 assert get_args(LogFormat) == FORMATS  # the logging setup accepts exactly these
 
@@ -66,7 +66,10 @@ class AgentSettings(BaseModel):
         "/metrics keeps asking for the operator's token)",
     )
     engine: Engine = Field(
-        "paddle", description="the inference engine fed; null: loads apply instantly, nothing is pulled"
+        "paddle",
+        description="the inference engine fed; null: loads apply instantly, nothing is pulled; member: "
+        "a follower pod of a multi-node replica (stages each version where its node's ranks read it; "
+        "the replica's leader agent drives the engine)",
     )
     source: str | None = Field(
         None, description="default checkpoint source: http(s)://host:port[/prefix] or file:///path"
@@ -107,7 +110,9 @@ class AgentSettings(BaseModel):
         None, description="sglang/vllm server (unset: http://127.0.0.1:30000 / :8000)"
     )
     staging_dir: Path | None = Field(
-        None, description="where sglang/vllm versions are staged (tmpfs or NVMe path)"
+        None,
+        description="where sglang/vllm/member versions are staged (tmpfs or NVMe path; the same path "
+        "on every pod of a multi-node replica)",
     )
     sglang_load_format: str | None = Field(
         None,

@@ -271,7 +271,16 @@ def request(
         # Past the worker timeout the operator has given the worker up: the agent stops moving
         # bytes by then too, so it is free (old weights serving) for what comes next.
         deadline_seconds=spec.timeouts.worker_seconds,
+        retain=_retained(d, version) if spec.replica_groups is not None else None,
     )
+
+
+def _retained(d: Draft, version: str) -> list[str]:
+    """What a replica's followers keep staged beside ``version``: every version its leader may
+    go back to while the replica switches (the one it serves, the one a rollback leaves)."""
+    status = d.status
+    known = (status.stable_version, status.previous_version, status.target_version)
+    return sorted({v for v in known if v and v != version})
 
 
 def health_check_request(check: HealthCheck) -> HealthCheckRequest | None:

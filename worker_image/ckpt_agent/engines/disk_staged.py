@@ -210,7 +210,7 @@ class DiskStagedEngine:
         return staged
 
     def staged(self, load: Load) -> None:
-        _staged_directory(load).finish()
+        staged_directory(load).finish()
 
     async def apply_load(self, load: Load) -> None:
         if self._weights_unknown:
@@ -225,7 +225,7 @@ class DiskStagedEngine:
         await self.confirm(target)
 
     def landed(self, load: Load) -> RelayCopy | None:
-        staged = _staged_directory(load)
+        staged = staged_directory(load)
         previous, self._live = self._live, staged
         self._live_format, self._weights_unknown = self.load_format, False
         if previous is not None:
@@ -240,7 +240,7 @@ class DiskStagedEngine:
         self._forget_live()
 
     def _weights(self, load: Load) -> DiskWeights:
-        return DiskWeights(load.job.version, str(_staged_directory(load).path), self.load_format)
+        return DiskWeights(load.job.version, str(staged_directory(load).path), self.load_format)
 
     async def _ensure_probed(self, limit_s: float) -> None:
         if not self._probed:
@@ -330,6 +330,7 @@ class DiskStagedEngine:
         }
 
 
-def _staged_directory(load: Load) -> StagedDirectory:
+def staged_directory(load: Load) -> StagedDirectory:
+    """The directory `load` staged into (a disk engine always stages into one)."""
     assert isinstance(load.staging, StagedDirectory), "a disk engine stages into a directory"
     return load.staging

@@ -47,6 +47,9 @@ class LoadJob:
     # the first tensor arrives, and serve its bytes on as they land (readers verify them).
     relay_while_loading: bool = False
     publish_relay: Callable[[RelayCopy], None] | None = field(default=None, repr=False, compare=False)
+    # Versions to keep staged beside this one (a multi-node replica's follower: the versions its
+    # leader may restore). Engines that keep no staged copies ignore it.
+    retain: tuple[str, ...] = ()
 
     @property
     def must_verify(self) -> bool:

@@ -346,6 +346,7 @@ class AgentService:
             health_check=req.health_check,
             relay_while_loading=bool(source is not None and source.relay_while_loading),
             publish_relay=self._publish_relay,
+            retain=tuple(req.retain or ()),
         )
         # The live version's copy is still served while this load pulls and verifies; it is
         # released once the load takes the engine to change the weights (or succeeds).

@@ -1,0 +1,72 @@
+"""A multi-node SGLang server (`--nnodes N --node-rank K`, one replica over N pods): the stand-in
+of SGLang 0.5.23's control API (sglang_standin) with tensor-parallel ranks on other nodes. As in
+SGLang, only node 0 serves HTTP; an `update_weights_from_disk` is broadcast to every TP
+worker's scheduler, and each worker resolves `model_path` on its own node's filesystem
+(model_runner's weight iterator opens local files) and writes its weights from there.
+
+Nodes here are directories: node 0 sees the leader agent's staging root, node K the staging root
+of the K-th follower's agent, so `model_path` under the leader's root names the same relative path
+on each node (pods mount their staging volume at one path). Each node's weights are kept apart,
+so a test can tell whether every rank holds one version. A node that cannot resolve the path
+refuses before writing anything of its own, as a single-node update does ("Failed to get weights
+iterator"); the nodes that resolved it have written theirs by then, so the replica is left mixed
+and the update answers 400: the situation the rollout's gang (every follower staged before the
+leader is asked) exists to prevent. How SGLang itself combines the ranks' results was not read;
+any rank's refusal fails the update here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from engine_standin import ModelWeights, iter_tensors, weight_files
+from sglang_standin import SGLangStandIn
+
+
+class MultiNodeSGLang(SGLangStandIn):
+    def __init__(self, *, leader_root: Path, follower_roots: list[Path], **options: Any) -> None:
+        self.leader_root = leader_root
+        self.follower_roots = follower_roots
+        super().__init__(**options)
+        boot_path, boot_dir = self._boot[0], self._boot[1]
+        self.node_weights = [ModelWeights(boot_path, boot_dir) for _ in follower_roots]
+
+    def on_node(self, path: str, node: int) -> str:
+        """`path` as node `node` (1-based: a follower) resolves it."""
+        local = Path(path)
+        if not local.is_relative_to(self.leader_root):
+            return path  # outside the staging volume (a boot path): the same on every node
+        return str(self.follower_roots[node - 1] / local.relative_to(self.leader_root))
+
+    def node_sources(self) -> list[frozenset[str]]:
+        """Where each node's weights came from, node 0 first, as that node names the path."""
+        return [self.weights.sources(), *(w.sources() for w in self.node_weights)]
+
+    def one_version(self) -> bool:
+        """Every node holds a single directory's weights, and the same relative one."""
+        names = []
+        for node, sources in enumerate(self.node_sources()):
+            if len(sources) != 1:
+                return False
+            (source,) = sources
+            root = self.leader_root if node == 0 else self.follower_roots[node - 1]
+            names.append(Path(source).relative_to(root) if Path(source).is_relative_to(root) else source)
+        return len(set(map(str, names))) == 1
+
+    def _load(self, request: web.Request, body: dict[str, Any]) -> web.Response:
+        path: str = body["model_path"]
+        refused: list[str] = []
+        for node, weights in enumerate(self.node_weights, start=1):
+            local = self.on_node(path, node)
+            try:
+                files = weight_files(local, self.unmounted)
+            except Exception as exc:
+                refused.append(f"node {node}: Failed to get weights iterator: {exc}.")
+                continue
+            weights.load(local, iter_tensors(files))
+        response = super()._load(request, body)
+        if refused and response.status == 200:
+            return self._refused(" ".join(refused))
+        return response
