@@ -10,10 +10,10 @@ from typing import Any, Protocol
 
 import numpy as np
 from agent_testkit import AgentClient, AgentFactory, Tree
-from engine_standin import UNINITIALISED, ModelWeights
 
 from ckpt_agent.formats.synth import load_published_tensors
 from ckpt_agent.server.httpserver import AppServer
+from ckpt_e2e.standins.engine import UNINITIALISED, ModelWeights
 
 
 class StandIn(Protocol):

@@ -46,9 +46,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from engine_standin import Generator
 
 from ckpt_agent.server.httpserver import AppServer, serve_until_signalled
+from ckpt_e2e.standins.engine import Generator
 
 PAUSE_REQUIRED = "Pause LLM Engine first before calling updating weights"
 NO_VERSION = (

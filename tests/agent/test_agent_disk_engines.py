@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from agent_testkit import AgentFactory, Tree, close_to, corrupt_tensor
 from disk_engine_kit import StandIn, disk_agent, holds, resumed_only_whole_versions, standins
-from sglang_standin import SGLangStandIn
 from vllm_standin import VLLMStandIn
+
+from ckpt_e2e.standins.sglang import SGLangStandIn
 
 STANDINS: dict[str, Any] = {"sglang": SGLangStandIn, "vllm": VLLMStandIn}
 

@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from agent_testkit import AgentClient, AgentFactory, Tree, close_to
 from disk_engine_kit import Starter, disk_agent, holds, standins
-from engine_standin import ANSWER
 from fastdeploy_standin import FastDeployStandIn
-from sglang_standin import SGLangStandIn
 from test_agent_fastdeploy import RecordingReporter
 from vllm_standin import VLLMStandIn
 
 from ckpt_api.vocabulary import HealthCheckOutcome, WeightsReadyReason, WorkerReason
+from ckpt_e2e.standins.engine import ANSWER
+from ckpt_e2e.standins.sglang import SGLangStandIn
 
 CHECK = {"prompt": "The capital of France is", "max_tokens": 8, "timeout_seconds": 5}
 FAILED = WorkerReason.HEALTH_CHECK_FAILED

@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 from agent_testkit import AgentClient, AgentFactory, Tree, set_extra_files
 from disk_engine_kit import StandIn, disk_agent, standins
-from sglang_standin import SGLangStandIn
 from vllm_standin import VLLMStandIn
 
 from ckpt_agent.agent import build_agent
@@ -28,6 +27,7 @@ from ckpt_agent.engines.boot_checkpoint import BootCheckpointError
 from ckpt_agent.engines.paddle_tensors import read_bytes, supported_dtypes, tensor_from_bytes
 from ckpt_api.manifest import TensorRecord
 from ckpt_e2e.hf_checkpoint import HFCheckpoint, Tensor, llama_like, write_safetensors
+from ckpt_e2e.standins.sglang import SGLangStandIn
 from ckpt_source.dtypes import nbytes_of
 from ckpt_source.safetensors_format import write_file
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from agent_testkit import AgentClient, AgentFactory, Tree
 from disk_engine_kit import Starter, disk_agent, standins
-from engine_standin import iter_tensors, weight_files
-from multinode_standin import MultiNodeSGLang
 
 from ckpt_agent.formats.synth import load_published_tensors
+from ckpt_e2e.standins.engine import iter_tensors, weight_files
+from ckpt_e2e.standins.multinode import MultiNodeSGLang
 
 
 @pytest.fixture

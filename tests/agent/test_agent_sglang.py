@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from agent_testkit import AgentFactory, Tree
 from disk_engine_kit import Starter, disk_agent, holds, resumed_only_whole_versions, standins
-from sglang_standin import SGLangStandIn
 
 from ckpt_agent.cli import build_parser, config_from_args
 from ckpt_agent.config import AgentConfig, ConfigError
 from ckpt_agent.engines.disk_staged import WEIGHTS_LOST_HOLDER, EngineMisconfigured
 from ckpt_agent.engines.sglang import PAUSE_MODES
 from ckpt_e2e.procs import PortReservation
+from ckpt_e2e.standins.sglang import SGLangStandIn
 
 
 def _updates(sglang: SGLangStandIn) -> list[dict[str, Any]]:

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from agent_testkit import AgentFactory, Tree
 from disk_engine_kit import StandIn, disk_agent, holds, standins
-from sglang_standin import SGLangStandIn
 
 from ckpt_agent.pipeline.staging_dir import sweep_orphans
+from ckpt_e2e.standins.sglang import SGLangStandIn
 
 
 @pytest.fixture

@@ -14,10 +14,10 @@ import aiohttp
 import pytest
 from agent_testkit import AgentFactory, Tree
 from disk_engine_kit import Starter, disk_agent, holds, resumed_only_whole_versions, standins
-from engine_standin import UNINITIALISED
 from vllm_standin import VLLMStandIn
 
 from ckpt_agent.engines.disk_staged import WEIGHTS_LOST_HOLDER, EngineMisconfigured
+from ckpt_e2e.standins.engine import UNINITIALISED
 
 LOAD_CALLS = ["pause", "collective_rpc", "update_weight_version", "weight_info", "resume"]
 

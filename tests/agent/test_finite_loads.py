@@ -13,12 +13,12 @@ import pytest
 from agent_testkit import SPEC, AgentClient, AgentFactory, Tree, close_to
 from disk_engine_kit import disk_agent, holds, standins
 from fastdeploy_standin import FastDeployStandIn
-from sglang_standin import SGLangStandIn
 
 from ckpt_agent.formats.synth import write_reference_checkpoint
 from ckpt_agent.pipeline.pause_gate import LOAD
 from ckpt_api.manifest import TensorRecord
 from ckpt_e2e.hf_checkpoint import HFCheckpoint, Tensor, llama_like, write_safetensors
+from ckpt_e2e.standins.sglang import SGLangStandIn
 from ckpt_source.dtypes import ITEM_SIZES
 
 FINITE = {"checks": {"finite": True}}

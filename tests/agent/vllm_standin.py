@@ -43,9 +43,16 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from engine_standin import UNINITIALISED, Generator, ModelWeights, holds_nan, iter_tensors, weight_files
 
 from ckpt_agent.server.httpserver import AppServer
+from ckpt_e2e.standins.engine import (
+    UNINITIALISED,
+    Generator,
+    ModelWeights,
+    holds_nan,
+    iter_tensors,
+    weight_files,
+)
 
 PAUSE_MODES = ("abort", "wait", "keep")
 _PATH = re.compile(r"(?<![\w<])/[\w.\-/]+")
@@ -80,7 +87,7 @@ class VLLMStandIn:
         workers: int = 2,
         model_dir: bool = False,
     ) -> None:
-        self.model_dir = model_dir  # refuse directories it could not boot from (engine_standin)
+        self.model_dir = model_dir  # refuse directories it could not boot from (ckpt_e2e.standins.engine)
         self.version = version
         self.boot_path = boot_path
         self.load_format = load_format

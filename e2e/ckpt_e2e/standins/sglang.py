@@ -65,9 +65,17 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from engine_standin import Generator, ModelWeights, drop_connection, holds_nan, iter_tensors, weight_files
+from aiohttp.typedefs import Handler
 
 from ckpt_agent.server.httpserver import AppServer
+from ckpt_e2e.standins.engine import (
+    Generator,
+    ModelWeights,
+    drop_connection,
+    holds_nan,
+    iter_tensors,
+    weight_files,
+)
 
 VERSION = "0.5.23"
 PAUSE_MODES = ("abort", "retract", "in_place")
@@ -109,7 +117,7 @@ class SGLangStandIn:
         model_dir: bool = False,
     ) -> None:
         self._boot = (boot_path, boot_dir, weight_version, load_format)
-        self.model_dir = model_dir  # refuse directories it could not boot from (engine_standin)
+        self.model_dir = model_dir  # refuse directories it could not boot from (ckpt_e2e.standins.engine)
         self.api_key = api_key
         self.admin_api_key = admin_api_key
         self.calls: list[tuple[str, Any]] = []
@@ -132,6 +140,7 @@ class SGLangStandIn:
         app.router.add_get("/get_server_info", self._server_info)
         app.router.add_get("/health", self._health)
         app.router.add_post("/generate", self._generate)
+        self.app = app  # a subclass may add routes until the server starts
         self.server = AppServer(app, "127.0.0.1", 0)
 
     def boot(self) -> None:
@@ -151,7 +160,7 @@ class SGLangStandIn:
 
     # -- plumbing --------------------------------------------------------------------------------
     @web.middleware
-    async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+    async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if self.dead:
             return drop_connection(request)
         header = request.headers.get("Authorization")

@@ -93,7 +93,8 @@ def _array(dtype: str, shape: list[int], data: bytes | bytearray) -> np.ndarray:
 
 def iter_tensors(files: list[Path]) -> Iterator[tuple[str, np.ndarray]]:
     for f in files:
-        for name, info in sorted(deserialize(f.read_bytes()), key=lambda item: item[0]):
+        tensors: list[tuple[str, dict[str, Any]]] = deserialize(f.read_bytes())  # type: ignore[no-untyped-call]
+        for name, info in sorted(tensors, key=lambda item: item[0]):
             yield name, _array(info["dtype"], info["shape"], info["data"])
 
 

@@ -1,5 +1,5 @@
 """A multi-node SGLang server (`--nnodes N --node-rank K`, one replica over N pods): the stand-in
-of SGLang 0.5.23's control API (sglang_standin) with tensor-parallel ranks on other nodes. As in
+of SGLang 0.5.23's control API (ckpt_e2e.standins.sglang) with tensor-parallel ranks on other nodes. As in
 SGLang, only node 0 serves HTTP; an `update_weights_from_disk` is broadcast to every TP
 worker's scheduler, and each worker resolves `model_path` on its own node's filesystem
 (model_runner's weight iterator opens local files) and writes its weights from there.
@@ -17,12 +17,15 @@ any rank's refusal fails the update here.
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from engine_standin import ModelWeights, iter_tensors, weight_files
-from sglang_standin import SGLangStandIn
+
+from ckpt_e2e.standins.engine import ModelWeights, iter_tensors, weight_files
+from ckpt_e2e.standins.sglang import SGLangStandIn
 
 
 class MultiNodeSGLang(SGLangStandIn):
@@ -32,6 +35,18 @@ class MultiNodeSGLang(SGLangStandIn):
         super().__init__(**options)
         boot_path, boot_dir = self._boot[0], self._boot[1]
         self.node_weights = [ModelWeights(boot_path, boot_dir) for _ in follower_roots]
+        # Not SGLang's: what a test on the local control plane asks of this process.
+        self.app.router.add_get("/standin/nodes", self._nodes)
+
+    async def _nodes(self, request: web.Request) -> web.Response:
+        updates = [body for name, body in self.calls if name == "update_weights_from_disk" and body]
+        return web.json_response(
+            {
+                "sources": [sorted(s) for s in self.node_sources()],
+                "one_version": self.one_version(),
+                "updates": [body.get("weight_version") for body in updates],
+            }
+        )
 
     def on_node(self, path: str, node: int) -> str:
         """`path` as node `node` (1-based: a follower) resolves it."""
@@ -70,3 +85,31 @@ class MultiNodeSGLang(SGLangStandIn):
         if refused and response.status == 200:
             return self._refused(" ".join(refused))
         return response
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    standin = MultiNodeSGLang(
+        boot_path=str(args.boot_dir),
+        boot_dir=args.boot_dir,
+        leader_root=args.leader_root,
+        follower_roots=args.follower_root,
+        model_dir=True,
+    )
+    standin.server.host, standin.server.port = args.host, args.port
+    await standin.server.start()
+    print(f"ready {standin.server.url}", flush=True)
+    await asyncio.Event().wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--boot-dir", type=Path, required=True, help="the version every node boots on")
+    parser.add_argument("--leader-root", type=Path, required=True, help="node 0's staging root")
+    parser.add_argument("--follower-root", type=Path, action="append", default=[], help="node K's, in order")
+    asyncio.run(_serve(parser.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()
