@@ -295,6 +295,8 @@ class AgentOptions:
     relay_username: str | None = None
     # The CA each pod's serving certificate comes from (None: the agents run --plain-http).
     tls: AgentPKI | None = field(default_factory=session_agent_pki)
+    # Flags of each pod's own, after extra_args (e.g. a replica leader's engine and a follower's).
+    pod_args: Callable[[PodInfo], list[str]] = lambda _pod: []
 
     def launch(self, pod: PodInfo) -> Launch:
         # What the pod spec's downward API and service account give a real worker container.
@@ -323,7 +325,7 @@ class AgentOptions:
             self.source_url,
             self.initial_version,
             self.allowed_username,
-            self.extra_args,
+            [*self.extra_args, *self.pod_args(pod)],
             relay,
             tls,
             audience=agent_audience(pod.namespace),

@@ -93,11 +93,10 @@ async def _serve(args: argparse.Namespace) -> None:
         boot_dir=args.boot_dir,
         leader_root=args.leader_root,
         follower_roots=args.follower_root,
-        model_dir=True,
     )
     standin.server.host, standin.server.port = args.host, args.port
     await standin.server.start()
-    print(f"ready {standin.server.url}", flush=True)
+    print(f"multi-node SGLang stand-in on {standin.server.url}", flush=True)
     await asyncio.Event().wait()
 
 

@@ -1,0 +1,256 @@
+"""Replicas that span pods (spec.replicaGroups) on the local control plane: 3 replicas of 2 pods,
+labelled as a LeaderWorkerSet labels them (group-key, worker-index, the size annotation), each
+leader's agent driving a two-node SGLang stand-in (ckpt_e2e.standins.multinode, a process per
+replica) whose node-1 ranks read the follower's staging directory, and each follower running
+engine `member`. Real operator, real agents, real apiserver.
+
+- The canary is one replica: its follower stages first, its leader's engine is updated once, and
+  the other replicas stay untouched while the rollout is paused; promote brings the rest.
+- A follower that cannot stage (its agent stopped, so its load times out) fails its replica
+  without the leader ever being called; over the budget, the replicas that switched go back
+  through their leaders, the followers taking the copy they kept.
+Throughout, every stand-in is asked whether each of its nodes holds one and the same version.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ckpt_api.constants import GROUP, PLURAL, VERSION
+from ckpt_api.spec import LWS_GROUP_KEY_LABEL, LWS_SIZE_ANNOTATION, LWS_WORKER_INDEX_LABEL
+from ckpt_api.vocabulary import PROMOTE_ANNOTATION, WEIGHTS_READY_CONDITION
+from ckpt_e2e.fixtures import PodRuntimeFactory
+from ckpt_e2e.kubectl import Kubectl
+from ckpt_e2e.podruntime import PodInfo, PodRuntime
+from ckpt_e2e.procs import spawn_server, stop, wait_for
+from ckpt_e2e.rollout_env import (
+    WORKER_LABEL,
+    AgentOptions,
+    CheckpointSource,
+    Rollouts,
+    agent_state,
+    ready_workers,
+    rollout_spec,
+)
+from ckpt_e2e.rollout_fixtures import OperatorIdentity
+from ckpt_e2e.serviceaccounts import WORKER_ACCOUNT, ChartAccounts
+
+pytestmark = pytest.mark.integration
+
+NAME = "groups"
+FLEET = "replicas"
+REPLICAS = 3
+LEADERS = [f"r{g}-0" for g in range(REPLICAS)]
+FOLLOWER = {leader: f"r{g}-1" for g, leader in enumerate(LEADERS)}
+LABELS = {"app": WORKER_LABEL, "fleet": FLEET}
+ENDED = {"Succeeded", "Failed", "RolledBack"}
+
+
+def pod(name: str, group: int, index: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": {**LABELS, LWS_GROUP_KEY_LABEL: f"key{group}", LWS_WORKER_INDEX_LABEL: str(index)},
+            "annotations": {LWS_SIZE_ANNOTATION: "2"},
+        },
+        "spec": {
+            "containers": [{"name": "worker", "image": "ckpt-rollout-worker:dev"}],
+            "readinessGates": [{"conditionType": WEIGHTS_READY_CONDITION}],
+            "serviceAccountName": WORKER_ACCOUNT,
+        },
+    }
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+@dataclass
+class ReplicaFleet:
+    runtime: PodRuntime
+    token: str
+    nodes: Path
+    standins: dict[str, str]  # leader -> the stand-in's URL
+    mixed: list[str] = field(default_factory=list)  # what the watcher saw mixed
+
+    def engine(self, leader: str) -> dict[str, Any]:
+        return dict(get_json(f"{self.standins[leader]}/standin/nodes"))
+
+    def serving(self, leader: str) -> str | None:
+        """The version every node of ``leader``'s replica holds (None: mixed)."""
+        view = self.engine(leader)
+        if not view["one_version"]:
+            return None
+        (source,) = view["sources"][0]
+        return Path(source).name
+
+    def staged(self, pod: str) -> list[str]:
+        root = self.nodes / pod
+        return sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) if root.exists() else []
+
+    def agent_pid(self, pod: str) -> int:
+        return self.runtime.running()[pod].pid
+
+
+def _watch(fleet: ReplicaFleet, stopped: threading.Event) -> None:
+    while not stopped.wait(0.1):
+        for leader in LEADERS:
+            view = fleet.engine(leader)
+            if not view["one_version"]:
+                fleet.mixed.append(f"{leader}: {view['sources']}")
+
+
+@pytest.fixture
+def replica_fleet(
+    kubectl: Kubectl,
+    pod_runtime: PodRuntimeFactory,
+    checkpoint_source: CheckpointSource,
+    operator_identity: OperatorIdentity,
+    chart_accounts: ChartAccounts,
+    tmp_path: Path,
+) -> Iterator[ReplicaFleet]:
+    nodes = tmp_path / "nodes"
+    standins: dict[str, str] = {}
+    procs = []
+    try:
+        for leader in LEADERS:
+            proc, url = spawn_server(
+                [
+                    sys.executable,
+                    "-m",
+                    "ckpt_e2e.standins.multinode",
+                    "--port",
+                    "0",
+                    "--boot-dir",
+                    str(checkpoint_source.version_dir("v1")),
+                    "--leader-root",
+                    str(nodes / leader),
+                    "--follower-root",
+                    str(nodes / FOLLOWER[leader]),
+                ],
+                tmp_path / f"standin-{leader}.log",
+                "multi-node SGLang stand-in",
+            )
+            procs.append(proc)
+            standins[leader] = url
+
+        def pod_args(info: PodInfo) -> list[str]:
+            staging = ["--staging-dir", str(nodes / info.name)]
+            if info.labels.get(LWS_WORKER_INDEX_LABEL) == "0":
+                return ["--engine", "sglang", "--engine-url", standins[info.name], *staging]
+            return ["--engine", "member", *staging]
+
+        options = AgentOptions(
+            source_url=checkpoint_source.url,
+            initial_version="v1",
+            kubeconfig=chart_accounts.worker_kubeconfig_for,
+            relay_token=chart_accounts.worker_relay_token_for,
+            pod_args=pod_args,
+        )
+        runtime = pod_runtime(f"app={WORKER_LABEL},fleet={FLEET}", options.launch)
+        token = operator_identity.token_file.read_text()
+        fleet = ReplicaFleet(runtime, token, nodes, standins)
+        # Followers first: a leader's agent boots by asking its engine for v1, which every node
+        # then reads from its own staging directory.
+        kubectl.apply([pod(FOLLOWER[leader], g, 1) for g, leader in enumerate(LEADERS)])
+        followers = ready_workers(runtime, REPLICAS, token)
+        wait_for(
+            lambda: all(
+                agent_state(w, token) == "idle" and fleet.staged(w.name) == ["v1"] for w in followers
+            ),
+            90,
+            "the followers to stage v1",
+        )
+        kubectl.apply([pod(leader, g, 0) for g, leader in enumerate(LEADERS)])
+        workers = ready_workers(runtime, 2 * REPLICAS, token)
+        wait_for(lambda: all(agent_state(w, token) == "idle" for w in workers), 90, "every agent idle on v1")
+        assert {fleet.serving(leader) for leader in LEADERS} == {"v1"}
+        stopped = threading.Event()
+        watcher = threading.Thread(target=_watch, args=(fleet, stopped), daemon=True)
+        watcher.start()
+        yield fleet
+        stopped.set()
+        watcher.join(5)
+    finally:
+        for proc in procs:
+            stop(proc)
+
+
+def _promote(rollouts: Rollouts, value: str) -> None:
+    body = {"metadata": {"annotations": {PROMOTE_ANNOTATION: value}}}
+    rollouts.api.patch_namespaced_custom_object(GROUP, VERSION, rollouts.namespace, PLURAL, NAME, body)
+
+
+def _why(status: dict[str, Any]) -> str:
+    return f"{status.get('message')}; workers={status.get('workers')}; waves={status.get('waves')}"
+
+
+def _updates(fleet: ReplicaFleet) -> dict[str, list[str]]:
+    """The versions each replica's engine was asked to load (its boot load of v1 excluded)."""
+    return {leader: fleet.engine(leader)["updates"][1:] for leader in LEADERS}
+
+
+def test_replicas_switch_one_by_one_and_a_member_that_cannot_stage_leaves_its_replica_alone(
+    replica_fleet: ReplicaFleet, rollouts: Rollouts, checkpoint_source: CheckpointSource, operator: object
+) -> None:
+    fleet = replica_fleet
+    strategy = {"waves": [1, "100%"], "pauseAfterWave": [0]}
+    spec = rollout_spec(checkpoint_source.url, "v2", LABELS, replicaGroups={}, strategy=strategy)
+    rollouts.create(NAME, spec)
+
+    paused = rollouts.wait_phase(NAME, {"Paused"}, timeout=120, version="v2")
+    (canary,) = paused["waves"][0]["pods"]
+    assert canary in LEADERS, paused["waves"]
+    assert (paused["replicas"], paused["updatedReplicas"]) == (3, 1), _why(paused)
+    serving = {leader: fleet.serving(leader) for leader in LEADERS}
+    assert serving == {leader: "v2" if leader == canary else "v1" for leader in LEADERS}
+    assert _updates(fleet) == {leader: ["v2"] if leader == canary else [] for leader in LEADERS}
+    assert fleet.staged(FOLLOWER[canary]) == ["v1", "v2"], "the follower keeps what its replica served"
+
+    _promote(rollouts, "0@v2")
+    done = rollouts.wait_phase(NAME, ENDED, timeout=120, version="v2")
+    assert done["phase"] == "Succeeded", _why(done)
+    assert (done["replicas"], done["updatedReplicas"], done["failedReplicas"]) == (3, 3, 0)
+    assert done["message"] == "v2 is live on 3 replicas"
+    assert {leader: fleet.serving(leader) for leader in LEADERS} == dict.fromkeys(LEADERS, "v2")
+    assert _updates(fleet) == {leader: ["v2"] for leader in LEADERS}, "one engine update per replica"
+
+    # v3, with a follower outside the canary replica stopped: its replica cannot stage.
+    strategy = {"waves": [1, "100%"], "pauseAfterWave": [0]}
+    timeouts = {"workerSeconds": 15, "progressDeadlineSeconds": 300}
+    rollouts.patch_spec(NAME, {"version": "v3", "strategy": strategy, "timeouts": timeouts})
+    paused = rollouts.wait_phase(NAME, {"Paused"}, timeout=120, version="v3")
+    (canary,) = paused["waves"][0]["pods"]
+    stuck = next(leader for leader in LEADERS if leader != canary)
+    healthy = next(leader for leader in LEADERS if leader not in (canary, stuck))
+    pid = fleet.agent_pid(FOLLOWER[stuck])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        _promote(rollouts, "0@v3")
+        ended = rollouts.wait_phase(NAME, ENDED, timeout=180, version="v3")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert ended["phase"] == "RolledBack", _why(ended)
+    # The stuck replica's leader was never called: its engine saw no v3 at all.
+    updates = _updates(fleet)
+    assert updates[stuck] == ["v2"], updates
+    assert updates[canary] == ["v2", "v3", "v2"], updates
+    assert updates[healthy][-1] == "v2", updates
+    assert {leader: fleet.serving(leader) for leader in LEADERS} == dict.fromkeys(LEADERS, "v2")
+    assert ended["rollback"]["pods"] == sorted({canary, healthy} & set(ended["rollback"]["pods"]))
+    assert canary in ended["rollback"]["pods"], ended["rollback"]
+    assert not fleet.mixed, fleet.mixed
