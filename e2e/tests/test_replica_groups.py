@@ -29,7 +29,7 @@ import pytest
 
 from ckpt_api.constants import GROUP, PLURAL, VERSION
 from ckpt_api.spec import LWS_GROUP_KEY_LABEL, LWS_SIZE_ANNOTATION, LWS_WORKER_INDEX_LABEL
-from ckpt_api.vocabulary import PROMOTE_ANNOTATION, WEIGHTS_READY_CONDITION
+from ckpt_api.vocabulary import ABORT_ANNOTATION, PROMOTE_ANNOTATION, WEIGHTS_READY_CONDITION
 from ckpt_e2e.fixtures import PodRuntimeFactory
 from ckpt_e2e.kubectl import Kubectl
 from ckpt_e2e.podruntime import PodInfo, PodRuntime
@@ -38,6 +38,7 @@ from ckpt_e2e.rollout_env import (
     WORKER_LABEL,
     AgentOptions,
     CheckpointSource,
+    OperatorProcess,
     Rollouts,
     agent_state,
     ready_workers,
@@ -190,9 +191,13 @@ def replica_fleet(
             stop(proc)
 
 
-def _promote(rollouts: Rollouts, value: str) -> None:
-    body = {"metadata": {"annotations": {PROMOTE_ANNOTATION: value}}}
+def _annotate(rollouts: Rollouts, key: str, value: str) -> None:
+    body = {"metadata": {"annotations": {key: value}}}
     rollouts.api.patch_namespaced_custom_object(GROUP, VERSION, rollouts.namespace, PLURAL, NAME, body)
+
+
+def _promote(rollouts: Rollouts, value: str) -> None:
+    _annotate(rollouts, PROMOTE_ANNOTATION, value)
 
 
 def _why(status: dict[str, Any]) -> str:
@@ -205,7 +210,10 @@ def _updates(fleet: ReplicaFleet) -> dict[str, list[str]]:
 
 
 def test_replicas_switch_one_by_one_and_a_member_that_cannot_stage_leaves_its_replica_alone(
-    replica_fleet: ReplicaFleet, rollouts: Rollouts, checkpoint_source: CheckpointSource, operator: object
+    replica_fleet: ReplicaFleet,
+    rollouts: Rollouts,
+    checkpoint_source: CheckpointSource,
+    operator: OperatorProcess,
 ) -> None:
     fleet = replica_fleet
     strategy = {"waves": [1, "100%"], "pauseAfterWave": [0]}
@@ -253,4 +261,86 @@ def test_replicas_switch_one_by_one_and_a_member_that_cannot_stage_leaves_its_re
     assert {leader: fleet.serving(leader) for leader in LEADERS} == dict.fromkeys(LEADERS, "v2")
     assert ended["rollback"]["pods"] == sorted({canary, healthy} & set(ended["rollback"]["pods"]))
     assert canary in ended["rollback"]["pods"], ended["rollback"]
+    assert not fleet.mixed, fleet.mixed
+
+
+def test_an_operator_killed_mid_gang_updates_each_engine_once_and_abort_brings_every_replica_back(
+    replica_fleet: ReplicaFleet,
+    rollouts: Rollouts,
+    checkpoint_source: CheckpointSource,
+    operator: OperatorProcess,
+) -> None:
+    fleet = replica_fleet
+    spec = rollout_spec(
+        checkpoint_source.url, "v2", LABELS, replicaGroups={}, strategy={"waves": [1, "100%"]}
+    )
+    rollouts.create(NAME, spec)
+
+    def gang_started() -> bool:
+        waves = rollouts.status(NAME).get("waves") or []
+        return bool(waves and waves[0].get("called"))
+
+    wait_for(gang_started, 60, "the canary replica's follower to be called")
+    operator.kill()  # SIGKILL mid-gang: whatever it had in memory is gone
+    operator.start()
+    done = rollouts.wait_phase(NAME, ENDED, timeout=120, version="v2")
+    assert done["phase"] == "Succeeded", _why(done)
+    assert _updates(fleet) == {leader: ["v2"] for leader in LEADERS}, "exactly one engine update per replica"
+    assert {leader: fleet.serving(leader) for leader in LEADERS} == dict.fromkeys(LEADERS, "v2")
+
+    strategy = {"waves": [1, "100%"], "pauseAfterWave": [0]}
+    rollouts.patch_spec(NAME, {"version": "v3", "strategy": strategy})
+    paused = rollouts.wait_phase(NAME, {"Paused"}, timeout=120, version="v3")
+    (canary,) = paused["waves"][0]["pods"]
+    assert fleet.serving(canary) == "v3"
+    _annotate(rollouts, ABORT_ANNOTATION, f"{paused['startedAt']}@v3")
+    ended = rollouts.wait_phase(NAME, ENDED, timeout=120, version="v3")
+    assert ended["phase"] == "RolledBack", _why(ended)
+    assert ended["rollback"]["pods"] == [canary], ended["rollback"]
+    assert {leader: fleet.serving(leader) for leader in LEADERS} == dict.fromkeys(LEADERS, "v2")
+    updates = _updates(fleet)
+    assert updates == {leader: ["v2", "v3", "v2"] if leader == canary else ["v2"] for leader in LEADERS}
+    # The follower took back the copy it kept: v2 was never pulled again.
+    assert fleet.staged(FOLLOWER[canary]) == ["v2", "v3"]
+    assert not fleet.mixed, fleet.mixed
+
+
+def test_a_replica_missing_a_pod_waits_whole_and_is_brought_to_the_version_when_it_is(
+    replica_fleet: ReplicaFleet,
+    rollouts: Rollouts,
+    checkpoint_source: CheckpointSource,
+    kubectl: Kubectl,
+    operator: OperatorProcess,
+) -> None:
+    fleet = replica_fleet
+    strategy = {"waves": [1, "100%"], "pauseAfterWave": [0]}
+    rollouts.create(
+        NAME, rollout_spec(checkpoint_source.url, "v2", LABELS, replicaGroups={}, strategy=strategy)
+    )
+    paused = rollouts.wait_phase(NAME, {"Paused"}, timeout=120, version="v2")
+    (canary,) = paused["waves"][0]["pods"]
+    broken = next(leader for leader in LEADERS if leader != canary)
+    group = LEADERS.index(broken)
+    kubectl.run("delete", "pod", FOLLOWER[broken], "--wait=true")
+
+    _promote(rollouts, "0@v2")
+    done = rollouts.wait_phase(NAME, ENDED, timeout=120, version="v2")
+    assert done["phase"] == "Succeeded", _why(done)
+    assert (done["replicas"], done["updatedReplicas"]) == (2, 2), _why(done)
+    assert done["message"] == "v2 is live on 2 replicas"
+    assert fleet.serving(broken) == "v1", "a replica that is not whole is left alone"
+    assert _updates(fleet)[broken] == []
+
+    # Its pod comes back (LeaderWorkerSet would recreate it): the replica is whole again and
+    # gets the stable version, its follower staging first.
+    kubectl.apply([pod(FOLLOWER[broken], group, 1)])
+
+    def caught_up() -> dict[str, Any] | None:
+        status = rollouts.status(NAME)
+        return status if status.get("updatedReplicas") == 3 and status.get("phase") == "Succeeded" else None
+
+    status = wait_for(caught_up, 120, "the whole replica to be brought to v2")
+    assert status["replicas"] == 3
+    assert fleet.serving(broken) == "v2"
+    assert _updates(fleet) == {leader: ["v2"] for leader in LEADERS}
     assert not fleet.mixed, fleet.mixed
