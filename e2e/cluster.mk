@@ -1,6 +1,7 @@
 # Local control plane targets; included by the top-level Makefile.
 #   make provision     build (or find cached) kube-apiserver, controller-manager, scheduler,
-#                      kubelet, kube-proxy, etcd, kwok, kubectl, helm, prometheus, promtool:
+#                      kubelet, kube-proxy, etcd, kwok, kubectl, helm, prometheus, promtool,
+#                      lws-manager (the LeaderWorkerSet controller, for the multi-node tests):
 #                      see e2e/ckpt_e2e/provision.py
 #   make cluster-up    start a local cluster, write .cluster/kubeconfig, say how to use it
 #   make cluster-up REAL_NODE=1   ... plus one real kubelet + containerd node beside the kwok ones

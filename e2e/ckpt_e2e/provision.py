@@ -318,6 +318,17 @@ def download(name: str) -> Path:
 # --------------------------------------------------------------------------- resolution
 
 
+def module_source(component_name: str) -> Path:
+    """The unpacked source of a component's published module (its manifests: a CRD, webhooks),
+    from the Go module cache, downloaded by the module proxy if the build has not already."""
+    (component,) = [c for c in COMPONENTS if c.name == component_name]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = _run_go(
+            ["go", "mod", "download", "-json", f"{component.module}@{component.version}"], Path(tmp), None
+        )
+    return Path(_json_field(out, "Dir"))
+
+
 def default_jobs() -> int:
     # Others share this machine: default to 2 parallel compiles at most.
     return int(os.environ.get("CKPT_E2E_BUILD_JOBS", min(2, os.cpu_count() or 1)))

@@ -15,6 +15,8 @@ KWOK = "v0.8.0"
 HELM = "v3.22.0"
 # Prometheus tags its Go module v0.3XX.Y for release 3.XX.Y.
 PROMETHEUS = "v0.316.0"
+# The LeaderWorkerSet controller (sigs.k8s.io/lws): multi-node replicas as users run them.
+LWS = "v0.8.0"
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,14 @@ COMPONENTS: tuple[Component, ...] = (
         # The tests discover targets from files only; the cloud and Kubernetes service
         # discoveries are most of Prometheus's dependency tree (and of a cold build's minutes).
         tags=("remove_all_sd",),
+    ),
+    Component(
+        name="lws",
+        module="sigs.k8s.io/lws",
+        version=LWS,
+        # Its manager's main package; the CRD and webhook manifests come from the same module.
+        packages={"lws-manager": "sigs.k8s.io/lws/cmd"},
+        ldflags=(f"-X sigs.k8s.io/lws/pkg/version.GitVersion={LWS}",),
     ),
     Component(
         name="kstatus",

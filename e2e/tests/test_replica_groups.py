@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import urllib.request
@@ -32,9 +33,12 @@ from ckpt_api.spec import LWS_GROUP_KEY_LABEL, LWS_SIZE_ANNOTATION, LWS_WORKER_I
 from ckpt_api.vocabulary import ABORT_ANNOTATION, PROMOTE_ANNOTATION, WEIGHTS_READY_CONDITION
 from ckpt_e2e.fixtures import PodRuntimeFactory
 from ckpt_e2e.kubectl import Kubectl
+from ckpt_e2e.launchers import Launcher, ProcessLauncher
+from ckpt_e2e.lws import leaderworkerset_controller
 from ckpt_e2e.podruntime import PodInfo, PodRuntime
 from ckpt_e2e.procs import spawn_server, stop, wait_for
 from ckpt_e2e.rollout_env import (
+    AGENT_PROCESS,
     WORKER_LABEL,
     AgentOptions,
     CheckpointSource,
@@ -115,6 +119,47 @@ def _watch(fleet: ReplicaFleet, stopped: threading.Event) -> None:
                 fleet.mixed.append(f"{leader}: {view['sources']}")
 
 
+def start_standins(
+    followers: dict[str, str],
+    nodes: Path,
+    checkpoint_source: CheckpointSource,
+    logs: Path,
+    procs: list[subprocess.Popen[bytes]],
+) -> dict[str, str]:
+    """A two-node SGLang stand-in per replica (``followers``: leader -> its follower), booted on
+    v1, its node 1 reading the follower's staging directory; their URLs by leader."""
+    standins = {}
+    for leader, follower in followers.items():
+        argv = [sys.executable, "-m", "ckpt_e2e.standins.multinode", "--port", "0"]
+        argv += ["--boot-dir", str(checkpoint_source.version_dir("v1"))]
+        argv += ["--leader-root", str(nodes / leader), "--follower-root", str(nodes / follower)]
+        proc, url = spawn_server(argv, logs / f"standin-{leader}.log", "multi-node SGLang stand-in")
+        procs.append(proc)
+        standins[leader] = url
+    return standins
+
+
+def replica_agents(
+    standins: dict[str, str], nodes: Path, checkpoint_source: CheckpointSource, chart_accounts: ChartAccounts
+) -> AgentOptions:
+    """Agents for the replicas' pods: a leader's drives its replica's stand-in, a follower's
+    stages (engine member); each its own staging directory, booting on v1."""
+
+    def pod_args(info: PodInfo) -> list[str]:
+        staging = ["--staging-dir", str(nodes / info.name)]
+        if info.labels.get(LWS_WORKER_INDEX_LABEL) == "0":
+            return ["--engine", "sglang", "--engine-url", standins[info.name], *staging]
+        return ["--engine", "member", *staging]
+
+    return AgentOptions(
+        source_url=checkpoint_source.url,
+        initial_version="v1",
+        kubeconfig=chart_accounts.worker_kubeconfig_for,
+        relay_token=chart_accounts.worker_relay_token_for,
+        pod_args=pod_args,
+    )
+
+
 @pytest.fixture
 def replica_fleet(
     kubectl: Kubectl,
@@ -125,43 +170,10 @@ def replica_fleet(
     tmp_path: Path,
 ) -> Iterator[ReplicaFleet]:
     nodes = tmp_path / "nodes"
-    standins: dict[str, str] = {}
-    procs = []
+    procs: list[subprocess.Popen[bytes]] = []
     try:
-        for leader in LEADERS:
-            proc, url = spawn_server(
-                [
-                    sys.executable,
-                    "-m",
-                    "ckpt_e2e.standins.multinode",
-                    "--port",
-                    "0",
-                    "--boot-dir",
-                    str(checkpoint_source.version_dir("v1")),
-                    "--leader-root",
-                    str(nodes / leader),
-                    "--follower-root",
-                    str(nodes / FOLLOWER[leader]),
-                ],
-                tmp_path / f"standin-{leader}.log",
-                "multi-node SGLang stand-in",
-            )
-            procs.append(proc)
-            standins[leader] = url
-
-        def pod_args(info: PodInfo) -> list[str]:
-            staging = ["--staging-dir", str(nodes / info.name)]
-            if info.labels.get(LWS_WORKER_INDEX_LABEL) == "0":
-                return ["--engine", "sglang", "--engine-url", standins[info.name], *staging]
-            return ["--engine", "member", *staging]
-
-        options = AgentOptions(
-            source_url=checkpoint_source.url,
-            initial_version="v1",
-            kubeconfig=chart_accounts.worker_kubeconfig_for,
-            relay_token=chart_accounts.worker_relay_token_for,
-            pod_args=pod_args,
-        )
+        standins = start_standins(FOLLOWER, nodes, checkpoint_source, tmp_path, procs)
+        options = replica_agents(standins, nodes, checkpoint_source, chart_accounts)
         runtime = pod_runtime(f"app={WORKER_LABEL},fleet={FLEET}", options.launch)
         token = operator_identity.token_file.read_text()
         fleet = ReplicaFleet(runtime, token, nodes, standins)
@@ -344,3 +356,90 @@ def test_a_replica_missing_a_pod_waits_whole_and_is_brought_to_the_version_when_
     assert fleet.serving(broken) == "v2"
     assert _updates(fleet) == {leader: ["v2"] for leader in LEADERS}
     assert not fleet.mixed, fleet.mixed
+
+
+def test_a_leaderworkerset_rolls_out_replica_by_replica(
+    kubectl: Kubectl,
+    namespace: str,
+    pod_runtime: PodRuntimeFactory,
+    checkpoint_source: CheckpointSource,
+    operator_identity: OperatorIdentity,
+    chart_accounts: ChartAccounts,
+    rollouts: Rollouts,
+    operator: OperatorProcess,
+    tmp_path: Path,
+) -> None:
+    """The same rollout over pods the real LeaderWorkerSet controller made and labelled."""
+    name = "deepseek"
+    followers = {f"{name}-{g}": f"{name}-{g}-1" for g in range(REPLICAS)}
+    nodes = tmp_path / "nodes"
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        standins = start_standins(followers, nodes, checkpoint_source, tmp_path, procs)
+        options = replica_agents(standins, nodes, checkpoint_source, chart_accounts)
+        # LeaderWorkerSet creates a group's leader before its workers: a leader's agent, whose
+        # start-up load of v1 goes to every node of its engine, starts once its follower staged v1.
+        agent = options.launcher
+
+        def launcher(info: PodInfo) -> Launcher:
+            if info.labels.get(LWS_WORKER_INDEX_LABEL) != "0":
+                return agent(info)
+            staged = nodes / followers[info.name] / "v1"
+            wait = 'until [ -d "$0" ]; do sleep 0.2; done; exec "$@"'
+            return ProcessLauncher(["sh", "-c", wait, str(staged), *AGENT_PROCESS.entrypoint])
+
+        options.launcher = launcher
+        with leaderworkerset_controller(kubectl, namespace, tmp_path / "lws"):
+            runtime = pod_runtime(f"app={WORKER_LABEL},fleet={name}", options.launch)
+            kubectl.apply(leaderworkerset(name))
+            token = operator_identity.token_file.read_text()
+            workers = ready_workers(runtime, 2 * REPLICAS, token, timeout=180)
+            wait_for(lambda: all(agent_state(w, token) == "idle" for w in workers), 120, "every agent on v1")
+            pods = {p.pod.name: p.pod for p in runtime.running().values()}
+            assert sorted(pods) == sorted([*followers, *followers.values()])
+            leaders = [n for n, p in pods.items() if p.labels.get(LWS_WORKER_INDEX_LABEL) == "0"]
+            assert sorted(leaders) == sorted(followers), "the controller's webhook marked the leaders"
+
+            strategy = {"waves": [1, "100%"], "pauseAfterWave": [0]}
+            labels = {"app": WORKER_LABEL, "fleet": name}
+            rollouts.create(
+                NAME, rollout_spec(checkpoint_source.url, "v2", labels, replicaGroups={}, strategy=strategy)
+            )
+            paused = rollouts.wait_phase(NAME, {"Paused"}, timeout=120, version="v2")
+            (canary,) = paused["waves"][0]["pods"]
+            assert (paused["replicas"], paused["updatedReplicas"]) == (3, 1), _why(paused)
+            engines = {leader: dict(get_json(f"{url}/standin/nodes")) for leader, url in standins.items()}
+            assert {leader: view["updates"][1:] for leader, view in engines.items()} == {
+                leader: ["v2"] if leader == canary else [] for leader in followers
+            }
+            _promote(rollouts, "0@v2")
+            done = rollouts.wait_phase(NAME, ENDED, timeout=120, version="v2")
+            assert done["phase"] == "Succeeded", _why(done)
+            assert done["message"] == "v2 is live on 3 replicas"
+            for leader, url in standins.items():
+                view = get_json(f"{url}/standin/nodes")
+                assert view["updates"][1:] == ["v2"], (leader, view)
+                assert view["one_version"], (leader, view)
+    finally:
+        for proc in procs:
+            stop(proc)
+
+
+def leaderworkerset(name: str) -> dict[str, Any]:
+    template = {
+        "metadata": {"labels": {"app": WORKER_LABEL, "fleet": name}},
+        "spec": {
+            "containers": [{"name": "worker", "image": "ckpt-rollout-worker:dev"}],
+            "readinessGates": [{"conditionType": WEIGHTS_READY_CONDITION}],
+            "serviceAccountName": WORKER_ACCOUNT,
+        },
+    }
+    return {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": REPLICAS,
+            "leaderWorkerTemplate": {"size": 2, "leaderTemplate": template, "workerTemplate": template},
+        },
+    }
