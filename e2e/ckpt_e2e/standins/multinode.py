@@ -8,11 +8,12 @@ Nodes here are directories: node 0 sees the leader agent's staging root, node K 
 of the K-th follower's agent, so `model_path` under the leader's root names the same relative path
 on each node (pods mount their staging volume at one path). Each node's weights are kept apart,
 so a test can tell whether every rank holds one version. A node that cannot resolve the path
-refuses before writing anything of its own, as a single-node update does ("Failed to get weights
-iterator"); the nodes that resolved it have written theirs by then, so the replica is left mixed
-and the update answers 400: the situation the rollout's gang (every follower staged before the
-leader is asked) exists to prevent. How SGLang itself combines the ranks' results was not read;
-any rank's refusal fails the update here.
+fails its own update before writing anything, as a single-node update does ("Failed to get
+weights iterator"), and keeps its old weights. What the client is told is rank 0's result alone:
+in SGLang's scheduler only the rank that holds the tokenizer socket answers (every other rank's
+`send_to_tokenizer` is a no-op, managers/scheduler.py), so an update that failed on another node
+still answers 200 with the replica left mixed. That is the situation the rollout's gang (every
+follower staged before the leader is asked) exists to prevent.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class MultiNodeSGLang(SGLangStandIn):
         super().__init__(**options)
         boot_path, boot_dir = self._boot[0], self._boot[1]
         self.node_weights = [ModelWeights(boot_path, boot_dir) for _ in follower_roots]
+        self.node_failures: list[str] = []  # what the other ranks logged, never answered
         # Not SGLang's: what a test on the local control plane asks of this process.
         self.app.router.add_get("/standin/nodes", self._nodes)
 
@@ -45,6 +47,7 @@ class MultiNodeSGLang(SGLangStandIn):
                 "sources": [sorted(s) for s in self.node_sources()],
                 "one_version": self.one_version(),
                 "updates": [body.get("weight_version") for body in updates],
+                "node_failures": self.node_failures,
             }
         )
 
@@ -72,19 +75,15 @@ class MultiNodeSGLang(SGLangStandIn):
 
     def _load(self, request: web.Request, body: dict[str, Any]) -> web.Response:
         path: str = body["model_path"]
-        refused: list[str] = []
         for node, weights in enumerate(self.node_weights, start=1):
             local = self.on_node(path, node)
             try:
                 files = weight_files(local, self.unmounted)
             except Exception as exc:
-                refused.append(f"node {node}: Failed to get weights iterator: {exc}.")
-                continue
+                self.node_failures.append(f"node {node}: Failed to get weights iterator: {exc}.")
+                continue  # this rank keeps its weights; nobody is told
             weights.load(local, iter_tensors(files))
-        response = super()._load(request, body)
-        if refused and response.status == 200:
-            return self._refused(" ".join(refused))
-        return response
+        return super()._load(request, body)  # rank 0's result is the answer
 
 
 async def _serve(args: argparse.Namespace) -> None:
