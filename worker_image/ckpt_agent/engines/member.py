@@ -20,7 +20,7 @@ from typing import Any
 
 from ckpt_agent.engines.base import LoadJob, LoadOutcome
 from ckpt_agent.engines.disk_staged import DiskStagedEngine, DiskWeights, staged_directory
-from ckpt_agent.pipeline.pause_gate import PauseGate
+from ckpt_agent.pipeline.pause_gate import PausedFlag, PauseGate
 from ckpt_agent.pipeline.reader import LoadProgress
 from ckpt_agent.pipeline.relay_copy import RelayCopy
 from ckpt_agent.pipeline.sequence import Load
@@ -39,14 +39,13 @@ class _Kept:
     verified: bool
 
 
-class MemberEngine(DiskStagedEngine):
+class MemberEngine(PausedFlag, DiskStagedEngine):
     name = "member"
     label = "the replica's engine"
 
     def __init__(self, staging_root: Path, **staging: Any) -> None:
         # No URL: nothing here is ever called; the leader's agent drives the replica's engine.
         super().__init__("http://127.0.0.1:9", staging_root, **staging)
-        self._paused = False
         self._kept: dict[str, _Kept] = {}
         self._live_digest: str | None = None
         self._live_verified = False
@@ -65,15 +64,6 @@ class MemberEngine(DiskStagedEngine):
 
     async def confirm(self, weights: DiskWeights) -> None:
         """The staged directory was verified as it was written; the leader confirms the engine."""
-
-    async def pause(self) -> None:
-        self._paused = True
-
-    async def resume(self) -> None:
-        self._paused = False
-
-    async def is_paused(self) -> bool:
-        return self._paused
 
     async def smoke(self, check: HealthCheckRequest, reference: ReferenceRecord | None) -> Verdict:
         return skipped("a follower's ranks answer through the replica's leader, which runs the check")

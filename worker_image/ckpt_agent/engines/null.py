@@ -12,14 +12,14 @@ import asyncio
 from typing import Any
 
 from ckpt_agent.engines.base import LoadJob, LoadOutcome
-from ckpt_agent.pipeline.pause_gate import LOAD, PauseGate
+from ckpt_agent.pipeline.pause_gate import LOAD, PausedFlag, PauseGate
 from ckpt_agent.pipeline.reader import LoadProgress
 from ckpt_agent.pipeline.smoke import Verdict, skipped
 from ckpt_api.agent_api import HealthCheckRequest
 from ckpt_api.manifest import ReferenceRecord
 
 
-class NullEngine:
+class NullEngine(PausedFlag):
     name = "null"
     supports_infer = False
     checks_while_paused = True  # nothing to probe
@@ -27,7 +27,6 @@ class NullEngine:
     def __init__(self, load_seconds: float = 0.0) -> None:
         # Optional simulated apply time, spent paused as a real apply would be.
         self.load_seconds = load_seconds
-        self._paused = False
         self.loads = 0
 
     async def start(self) -> None:
@@ -35,15 +34,6 @@ class NullEngine:
 
     async def close(self) -> None:
         pass
-
-    async def pause(self) -> None:
-        self._paused = True
-
-    async def resume(self) -> None:
-        self._paused = False
-
-    async def is_paused(self) -> bool:
-        return self._paused
 
     async def load(self, job: LoadJob, gate: PauseGate, progress: LoadProgress) -> LoadOutcome:
         async with gate.hold(LOAD):

@@ -26,6 +26,22 @@ class EngineControl(Protocol):
     async def is_paused(self) -> bool: ...
 
 
+class PausedFlag:
+    """EngineControl for engines with no traffic of their own to hold (null, member): the pause
+    is only remembered, for /v1/is_paused."""
+
+    _paused = False
+
+    async def pause(self) -> None:
+        self._paused = True
+
+    async def resume(self) -> None:
+        self._paused = False
+
+    async def is_paused(self) -> bool:
+        return self._paused
+
+
 class PauseGate:
     def __init__(self, engine: EngineControl) -> None:
         self._engine = engine
