@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from ckpt_api.vocabulary import ConditionStatus
+
 from .kubectl import Kubectl
 from .pki import ClusterPKI
 from .procs import PortReservation, spawn, stop, wait_for
@@ -60,7 +62,7 @@ def leaderworkerset_controller(kubectl: Kubectl, namespace: str, workdir: Path) 
 
     def served() -> bool:
         got = kubectl.run("get", "crd", CRD_NAME, "-o", f"jsonpath={established}", check=False)
-        return got.stdout.strip() == "True"
+        return got.stdout.strip() == ConditionStatus.TRUE
 
     wait_for(served, 60, f"CRD {CRD_NAME} to be established")
     pki = ClusterPKI(workdir / "pki", ca_name="ckpt-e2e-lws-ca")
