@@ -55,6 +55,18 @@ LOADED_B = {"version": "v2", "phase": "Updated", "bytes": 4_000_000, "seconds": 
         # A running wave's called member without an entry is still loading, even in a wave that
         # later failed: only a completed wave folds successes.
         ([{**SECOND, "phase": "Failed"}], {}, {"b": "Loading", "c": "Pending"}),
+        # Replica groups: the wave's members are leaders; followers it called (to stage) are
+        # shown with it, a leader waiting for them Pending.
+        (
+            [{"index": 0, "pods": ["r0-0"], "called": ["r0-1"], "phase": "Running"}],
+            {"r0-1": {"version": "v2", "phase": "Loading"}},
+            {"r0-0": "Pending", "r0-1": "Loading"},
+        ),
+        (
+            [{**CANARY_DONE, "pods": ["r0-0"], "called": ["r0-1", "r0-0"]}],
+            {},
+            {"r0-0": "Updated", "r0-1": "Updated"},
+        ),
     ],
 )
 def test_member_states(waves: list[dict[str, Any]], workers: dict[str, Any], states: dict[str, str]) -> None:

@@ -42,7 +42,11 @@ def rollout_view(obj: dict[str, Any], pods: Mapping[str, Mapping[str, Any]] | No
         index = int(wave.get("index", 0))
         called = set(wave.get("called") or [])
         chips = []
-        for pod in wave.get("pods") or []:
+        pods_of_wave = list(wave.get("pods") or [])
+        # A replica's followers are called (to stage) without being the wave's members, which
+        # are its leaders: shown beside them, in the order they were called.
+        followers = [p for p in wave.get("called") or [] if p not in set(pods_of_wave)]
+        for pod in [*pods_of_wave, *followers]:
             state = _member_state(entries.get(pod), target, pod in called, wave.get("phase"))
             members[pod] = (index + 1, state)
             chips.append({"pod": pod, "state": state})
