@@ -15,8 +15,8 @@ from ckpt_agent.server.httpserver import ConnectionLimits
 from ckpt_agent.settings import AgentSettings
 from ckpt_api.source_policy import SourcePolicy
 
-# Engines the agent feeds from a local staging directory.
-# Engines whose versions are staged on disk; a member stages for its replica leader's engine.
+# Engines the agent feeds from a local staging directory (a member stages for its replica
+# leader's engine, on its own node).
 DISK_ENGINES = ("sglang", "vllm", "member")
 DEFAULT_ENGINE_URLS = {"sglang": "http://127.0.0.1:30000", "vllm": "http://127.0.0.1:8000"}
 

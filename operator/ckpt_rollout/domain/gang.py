@@ -37,7 +37,7 @@ def drive_units(d: Draft, target: Target) -> tuple[list[str], dict[str, Outcome]
         states = {f: staged[f] for f in followers.get(lead, ())}
         broken = [f for f, o in states.items() if o is Outcome.FAILED]
         if broken:
-            failed[lead] = _member_failure(d, target, lead, broken[0])
+            failed[lead] = _member_failure(d, target, broken[0])
         elif all(o is Outcome.UPDATED for o in states.values()):
             ready.append(lead)
     if failed:
@@ -71,7 +71,7 @@ def _merged(called: list[str], more: list[str]) -> list[str]:
     return [*called, *(p for p in more if p not in seen)]
 
 
-def _member_failure(d: Draft, target: Target, leader: str, follower: str) -> WorkerStatus:
+def _member_failure(d: Draft, target: Target, follower: str) -> WorkerStatus:
     entry = d.status.workers[follower]
     why = f"{entry.reason}: {entry.message}" if entry.message else str(entry.reason)
     return failure_entry(
