@@ -162,16 +162,23 @@ def operator_token(api: client.ApiClient, namespace: str, account: str = "ckpt-o
 # -- worker fleet ---------------------------------------------------------------------------
 
 
-def worker_deployment(
-    name: str, replicas: int, labels: dict[str, str], service_account: str | None = None
-) -> dict[str, Any]:
-    """``service_account``: what the pods run as (a token bound to a pod is that pod's account's)."""
+def worker_pod_spec(service_account: str | None = None) -> dict[str, Any]:
+    """A test worker's pod spec (its agent is run by the pod runtime), Ready only while its agent
+    says its weights are; ``service_account``: what it runs as (a token bound to a pod is that
+    pod's account's)."""
     pod_spec: dict[str, Any] = {
         "containers": [{"name": "worker", "image": "ckpt-rollout-worker:dev"}],
         "readinessGates": [{"conditionType": WEIGHTS_READY_CONDITION}],
     }
     if service_account is not None:
         pod_spec["serviceAccountName"] = service_account
+    return pod_spec
+
+
+def worker_deployment(
+    name: str, replicas: int, labels: dict[str, str], service_account: str | None = None
+) -> dict[str, Any]:
+    pod_spec = worker_pod_spec(service_account)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -30,7 +30,7 @@ import pytest
 
 from ckpt_api.constants import GROUP, PLURAL, VERSION
 from ckpt_api.spec import LWS_GROUP_KEY_LABEL, LWS_SIZE_ANNOTATION, LWS_WORKER_INDEX_LABEL
-from ckpt_api.vocabulary import ABORT_ANNOTATION, PROMOTE_ANNOTATION, WEIGHTS_READY_CONDITION
+from ckpt_api.vocabulary import ABORT_ANNOTATION, PROMOTE_ANNOTATION
 from ckpt_e2e.fixtures import PodRuntimeFactory
 from ckpt_e2e.kubectl import Kubectl
 from ckpt_e2e.launchers import Launcher, ProcessLauncher
@@ -47,6 +47,7 @@ from ckpt_e2e.rollout_env import (
     agent_state,
     ready_workers,
     rollout_spec,
+    worker_pod_spec,
 )
 from ckpt_e2e.rollout_fixtures import OperatorIdentity
 from ckpt_e2e.serviceaccounts import WORKER_ACCOUNT, ChartAccounts
@@ -71,11 +72,7 @@ def pod(name: str, group: int, index: int) -> dict[str, Any]:
             "labels": {**LABELS, LWS_GROUP_KEY_LABEL: f"key{group}", LWS_WORKER_INDEX_LABEL: str(index)},
             "annotations": {LWS_SIZE_ANNOTATION: "2"},
         },
-        "spec": {
-            "containers": [{"name": "worker", "image": "ckpt-rollout-worker:dev"}],
-            "readinessGates": [{"conditionType": WEIGHTS_READY_CONDITION}],
-            "serviceAccountName": WORKER_ACCOUNT,
-        },
+        "spec": worker_pod_spec(WORKER_ACCOUNT),
     }
 
 
@@ -428,11 +425,7 @@ def test_a_leaderworkerset_rolls_out_replica_by_replica(
 def leaderworkerset(name: str) -> dict[str, Any]:
     template = {
         "metadata": {"labels": {"app": WORKER_LABEL, "fleet": name}},
-        "spec": {
-            "containers": [{"name": "worker", "image": "ckpt-rollout-worker:dev"}],
-            "readinessGates": [{"conditionType": WEIGHTS_READY_CONDITION}],
-            "serviceAccountName": WORKER_ACCOUNT,
-        },
+        "spec": worker_pod_spec(WORKER_ACCOUNT),
     }
     return {
         "apiVersion": "leaderworkerset.x-k8s.io/v1",
