@@ -13,6 +13,7 @@ CRD is installed (once per cluster; it is left for the next test, as a cluster k
 from __future__ import annotations
 
 import base64
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +27,7 @@ from .kubectl import Kubectl
 from .pki import ClusterPKI
 from .procs import PortReservation, spawn, stop, wait_for
 from .provision import module_source, resolve
+from .rollout_env import http_ok
 
 GROUP_LABEL_PREFIX = "leaderworkerset.sigs.k8s.io/"
 CRD_NAME = "leaderworkersets.leaderworkerset.x-k8s.io"
@@ -99,14 +101,7 @@ def leaderworkerset_controller(kubectl: Kubectl, namespace: str, workdir: Path) 
             stop(proc)
 
 
-def _ready(proc: Any, port: int, log: Path) -> bool:
-    import urllib.error
-    import urllib.request
-
+def _ready(proc: subprocess.Popen[bytes], port: int, log: Path) -> bool:
     if proc.poll() is not None:
         raise RuntimeError(f"lws-manager exited with {proc.returncode}; log tail:\n{log.read_text()[-3000:]}")
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as resp:
-            return bool(resp.status == 200)
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return False
+    return http_ok(f"http://127.0.0.1:{port}/readyz")

@@ -133,13 +133,14 @@ def serve_checkpoints(root: Path, log_dir: Path, host: str = "127.0.0.1") -> Ite
     )
     source = CheckpointSource(root=root, url=url, proc=proc)
     try:
-        wait_for(lambda: _ok(f"{source.url}/healthz"), 30, "checkpoint source /healthz")
+        wait_for(lambda: http_ok(f"{source.url}/healthz"), 30, "checkpoint source /healthz")
         yield source
     finally:
         stop(proc)
 
 
-def _ok(url: str) -> bool:
+def http_ok(url: str) -> bool:
+    """Whether `url` answers a GET with a success (a server up and ready)."""
     try:
         http_text(url, timeout=1)
         return True
@@ -521,7 +522,7 @@ class OperatorProcess:
         proc = self.proc
 
         def up() -> bool:
-            return _ok(self.liveness_url) or proc.poll() is not None
+            return http_ok(self.liveness_url) or proc.poll() is not None
 
         try:
             wait_for(up, 60, "operator liveness endpoint")
