@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import fcntl
 import json
+import os
 import secrets
 import shutil
 import signal
@@ -39,7 +40,7 @@ from .kubeapi import ApiError, KubeAPI, is_ready
 from .kwok_stages import stages_yaml
 from .nodenet import NodeNetwork
 from .pki import CertPair, ClusterPKI
-from .procs import PortReservation, WaitTimeout, spawn, stop, wait_for
+from .procs import PortReservation, WaitTimeout, all_threads_stopped, spawn, stop, wait_for
 from .realnode import NODE_NAME as REAL_NODE_NAME
 from .realnode import RealNode
 from .realnode import sweep_stale as sweep_stale_nodes
@@ -185,11 +186,14 @@ class LocalCluster:
     @contextmanager
     def _frozen(self, name: str) -> Iterator[None]:
         comp = next(c for c in self._components if c.name == name)
-        comp.proc.send_signal(signal.SIGSTOP)
+        # os.kill, not Popen.send_signal: that one silently sends nothing to a child it believes
+        # gone, and a freeze that did not happen reads as a test failure far from here.
+        os.kill(comp.proc.pid, signal.SIGSTOP)
         try:
+            wait_for(lambda: all_threads_stopped(comp.proc.pid), 10, f"{name} (pid {comp.proc.pid}) to stop")
             yield
         finally:
-            comp.proc.send_signal(signal.SIGCONT)
+            os.kill(comp.proc.pid, signal.SIGCONT)
             api = self.admin_api()
             self._wait(comp, lambda: api.ok("/readyz"), f"kube-apiserver /readyz after {name} froze")
 

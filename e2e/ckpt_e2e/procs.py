@@ -81,6 +81,17 @@ def spawn(
         )
 
 
+def all_threads_stopped(pid: int) -> bool:
+    """Whether every thread of `pid` is in the stopped state (T). kill(SIGSTOP) returns before
+    the group stop completes: each thread stops on its way back to user space."""
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        states = [(t / "stat").read_text().rpartition(")")[2].split()[0] for t in tasks]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return bool(states) and all(state == "T" for state in states)
+
+
 def stop(proc: subprocess.Popen[bytes], grace: float = 5.0) -> int:
     """SIGTERM the child's process group, SIGKILL it after `grace` seconds; return the exit code."""
     if proc.poll() is None:
