@@ -9,6 +9,12 @@ engine `member`. Real operator, real agents, real apiserver.
 - A follower that cannot stage (its agent stopped, so its load times out) fails its replica
   without the leader ever being called; over the budget, the replicas that switched go back
   through their leaders, the followers taking the copy they kept.
+- A replica whose check fails after its switch is restored by its leader on every node.
+- A follower deleted while it stages takes its replica out of the rollout (leader never called);
+  the whole replicas switch.
+- An operator killed mid-gang updates each engine once; abort brings every replica back.
+- A replica missing a pod is left alone, and brought to the version once whole.
+- A real LeaderWorkerSet (its controller built from its module) rolls out replica by replica.
 Throughout, every stand-in is asked whether each of its nodes holds one and the same version.
 """
 
@@ -30,7 +36,7 @@ import pytest
 
 from ckpt_api.constants import GROUP, PLURAL, VERSION
 from ckpt_api.spec import LWS_GROUP_KEY_LABEL, LWS_SIZE_ANNOTATION, LWS_WORKER_INDEX_LABEL
-from ckpt_api.vocabulary import ABORT_ANNOTATION, PROMOTE_ANNOTATION
+from ckpt_api.vocabulary import ABORT_ANNOTATION, PROMOTE_ANNOTATION, Phase, WorkerPhase, WorkerReason
 from ckpt_e2e.fixtures import PodRuntimeFactory
 from ckpt_e2e.kubectl import Kubectl
 from ckpt_e2e.launchers import Launcher, ProcessLauncher
@@ -44,6 +50,7 @@ from ckpt_e2e.rollout_env import (
     CheckpointSource,
     OperatorProcess,
     Rollouts,
+    Worker,
     agent_state,
     ready_workers,
     rollout_spec,
@@ -106,6 +113,13 @@ class ReplicaFleet:
 
     def agent_pid(self, pod: str) -> int:
         return self.runtime.running()[pod].pid
+
+    def fault(self, leader: str, generation: str | None) -> None:
+        """What ``leader``'s replica generates from now on (ckpt_e2e.standins.multinode)."""
+        body = json.dumps({"generation": generation}).encode()
+        req = urllib.request.Request(f"{self.standins[leader]}/standin/fault", data=body, method="POST")
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            assert resp.status == 200
 
 
 def _watch(fleet: ReplicaFleet, stopped: threading.Event) -> None:
@@ -311,6 +325,78 @@ def test_an_operator_killed_mid_gang_updates_each_engine_once_and_abort_brings_e
     assert updates == {leader: ["v2", "v3", "v2"] if leader == canary else ["v2"] for leader in LEADERS}
     # The follower took back the copy it kept: v2 was never pulled again.
     assert fleet.staged(FOLLOWER[canary]) == ["v2", "v3"]
+    assert not fleet.mixed, fleet.mixed
+
+
+def test_a_replica_whose_check_fails_after_the_switch_goes_back_on_every_node(
+    replica_fleet: ReplicaFleet,
+    rollouts: Rollouts,
+    checkpoint_source: CheckpointSource,
+    operator: OperatorProcess,
+) -> None:
+    """An engine failure after the switch (the leader's check finds the replica generating
+    nothing): the leader's agent restores v1 through the engine, and every node reads it again,
+    the follower's from the copy it kept while the replica switched."""
+    fleet = replica_fleet
+    for leader in LEADERS:
+        fleet.fault(leader, "empty")
+    spec = rollout_spec(
+        checkpoint_source.url, "v2", LABELS, replicaGroups={}, strategy={"waves": [1, "100%"]}
+    )
+    rollouts.create(NAME, spec)
+    ended = rollouts.wait_phase(NAME, ENDED, timeout=120, version="v2")
+    assert ended["phase"] == Phase.ROLLED_BACK, _why(ended)
+    (canary,) = ended["waves"][0]["pods"]
+    entry = ended["workers"][canary]
+    assert (entry["phase"], entry["reason"]) == (WorkerPhase.FAILED, WorkerReason.HEALTH_CHECK_FAILED), entry
+    assert entry["message"].endswith("; v1 loaded back"), entry
+    assert {leader: fleet.serving(leader) for leader in LEADERS} == dict.fromkeys(LEADERS, "v1")
+    # One switch and one restore, both through the leader; no other replica was switched.
+    updates = _updates(fleet)
+    assert updates == {leader: ["v2", "v1"] if leader == canary else [] for leader in LEADERS}, updates
+    # v2 stays staged beside v1 on the follower (what a retry would take without pulling).
+    assert fleet.staged(FOLLOWER[canary]) == ["v1", "v2"]
+    assert not fleet.mixed, fleet.mixed
+
+
+def test_a_member_deleted_mid_gang_takes_its_replica_out_and_the_rest_switch(
+    replica_fleet: ReplicaFleet,
+    rollouts: Rollouts,
+    checkpoint_source: CheckpointSource,
+    kubectl: Kubectl,
+    operator: OperatorProcess,
+) -> None:
+    """The canary replica's follower is deleted while it stages (the source frozen, so its pull
+    cannot finish first): that replica is no longer whole, its leader is never called, and the
+    rollout goes on with the whole replicas."""
+    fleet = replica_fleet
+    assert checkpoint_source.proc is not None
+    source_pid = checkpoint_source.proc.pid
+    os.kill(source_pid, signal.SIGSTOP)  # connections are accepted, nothing is answered
+    try:
+        spec = rollout_spec(
+            checkpoint_source.url, "v2", LABELS, replicaGroups={}, strategy={"waves": [1, "100%"]}
+        )
+        rollouts.create(NAME, spec)
+
+        def staging() -> list[str] | None:
+            waves = rollouts.status(NAME).get("waves") or []
+            return list(waves[0].get("called") or []) if waves else None
+
+        (follower,) = wait_for(staging, 60, "the canary replica's follower to be called")
+        broken = next(leader for leader, f in FOLLOWER.items() if f == follower)
+        staging_pod = fleet.runtime.running()[follower].pod
+        agent = Worker(follower, staging_pod.ip)
+        wait_for(lambda: agent_state(agent, fleet.token) == "loading", 30, f"{follower} to be staging")
+        kubectl.run("delete", "pod", follower, "--wait=true")
+    finally:
+        os.kill(source_pid, signal.SIGCONT)
+    done = rollouts.wait_phase(NAME, ENDED, timeout=120, version="v2")
+    assert done["phase"] == Phase.SUCCEEDED, _why(done)
+    assert (done["replicas"], done["updatedReplicas"]) == (2, 2), _why(done)
+    assert fleet.serving(broken) == "v1", "the replica that lost a member mid-gang was left as it was"
+    assert _updates(fleet)[broken] == []
+    assert {fleet.serving(leader) for leader in LEADERS if leader != broken} == {"v2"}
     assert not fleet.mixed, fleet.mixed
 
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from aiohttp import web
 
-from ckpt_e2e.standins.engine import ModelWeights, iter_tensors, weight_files
+from ckpt_e2e.standins.engine import GenerationFault, ModelWeights, iter_tensors, weight_files
 from ckpt_e2e.standins.sglang import SGLangStandIn
 
 
@@ -39,6 +39,7 @@ class MultiNodeSGLang(SGLangStandIn):
         self.node_failures: list[str] = []  # what the other ranks logged, never answered
         # Not SGLang's: what a test on the local control plane asks of this process.
         self.app.router.add_get("/standin/nodes", self._nodes)
+        self.app.router.add_post("/standin/fault", self._fault)
 
     async def _nodes(self, request: web.Request) -> web.Response:
         updates = [body for name, body in self.calls if name == "update_weights_from_disk" and body]
@@ -50,6 +51,15 @@ class MultiNodeSGLang(SGLangStandIn):
                 "node_failures": self.node_failures,
             }
         )
+
+    async def _fault(self, request: web.Request) -> web.Response:
+        """What generations answer from now on: {"generation": "empty"} (a replica whose new
+        weights produce nothing, so the leader's check after a switch fails), null for answers."""
+        fault = (await request.json()).get("generation")
+        if fault not in (None, *get_args(GenerationFault)):
+            return web.json_response({"error": f"unknown fault {fault!r}"}, status=400)
+        self.generator.fault = fault
+        return web.json_response({"generation": fault})
 
     def on_node(self, path: str, node: int) -> str:
         """`path` as node `node` (1-based: a follower) resolves it."""
