@@ -183,6 +183,7 @@ WIRE_WORDS: dict[type[StrEnum], list[str]] = {
     vocabulary.WorkerReason: [
         "Loading",
         "Loaded",
+        "Staged",
         "ChecksumMismatch",
         "IncompatibleCheckpoint",
         "ManifestDigestMismatch",

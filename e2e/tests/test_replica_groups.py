@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import threading
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -36,7 +37,15 @@ import pytest
 
 from ckpt_api.constants import GROUP, PLURAL, VERSION
 from ckpt_api.spec import LWS_GROUP_KEY_LABEL, LWS_SIZE_ANNOTATION, LWS_WORKER_INDEX_LABEL
-from ckpt_api.vocabulary import ABORT_ANNOTATION, PROMOTE_ANNOTATION, Phase, WorkerPhase, WorkerReason
+from ckpt_api.vocabulary import (
+    ABORT_ANNOTATION,
+    PROMOTE_ANNOTATION,
+    WEIGHTS_READY_CONDITION,
+    Phase,
+    WeightsReadyReason,
+    WorkerPhase,
+    WorkerReason,
+)
 from ckpt_e2e.fixtures import PodRuntimeFactory
 from ckpt_e2e.kubectl import Kubectl
 from ckpt_e2e.launchers import Launcher, ProcessLauncher
@@ -94,6 +103,7 @@ class ReplicaFleet:
     token: str
     nodes: Path
     standins: dict[str, str]  # leader -> the stand-in's URL
+    procs: list[subprocess.Popen[bytes]]  # the stand-ins' processes
     mixed: list[str] = field(default_factory=list)  # what the watcher saw mixed
 
     def engine(self, leader: str) -> dict[str, Any]:
@@ -125,7 +135,10 @@ class ReplicaFleet:
 def _watch(fleet: ReplicaFleet, stopped: threading.Event) -> None:
     while not stopped.wait(0.1):
         for leader in LEADERS:
-            view = fleet.engine(leader)
+            try:
+                view = fleet.engine(leader)
+            except (urllib.error.URLError, TimeoutError, ConnectionError):
+                continue  # a stand-in a test has frozen: asked again next round
             if not view["one_version"]:
                 fleet.mixed.append(f"{leader}: {view['sources']}")
 
@@ -187,7 +200,7 @@ def replica_fleet(
         options = replica_agents(standins, nodes, checkpoint_source, chart_accounts)
         runtime = pod_runtime(f"app={WORKER_LABEL},fleet={FLEET}", options.launch)
         token = operator_identity.token_file.read_text()
-        fleet = ReplicaFleet(runtime, token, nodes, standins)
+        fleet = ReplicaFleet(runtime, token, nodes, standins, procs)
         # Followers first: a leader's agent boots by asking its engine for v1, which every node
         # then reads from its own staging directory.
         kubectl.apply([pod(FOLLOWER[leader], g, 1) for g, leader in enumerate(LEADERS)])
@@ -325,6 +338,68 @@ def test_an_operator_killed_mid_gang_updates_each_engine_once_and_abort_brings_e
     assert updates == {leader: ["v2", "v3", "v2"] if leader == canary else ["v2"] for leader in LEADERS}
     # The follower took back the copy it kept: v2 was never pulled again.
     assert fleet.staged(FOLLOWER[canary]) == ["v2", "v3"]
+    assert not fleet.mixed, fleet.mixed
+
+
+def _weights_ready(kubectl: Kubectl) -> dict[str, tuple[str, str]]:
+    """Each pod's WeightsReady condition (its readiness gate): (status, reason)."""
+    pods = json.loads(kubectl.run("get", "pods", "-o", "json").stdout)["items"]
+    return {
+        p["metadata"]["name"]: (c["status"], c["reason"])
+        for p in pods
+        for c in p["status"].get("conditions", [])
+        if c["type"] == WEIGHTS_READY_CONDITION
+    }
+
+
+def test_a_replicas_pods_are_not_ready_while_it_switches_and_ready_once_it_has(
+    replica_fleet: ReplicaFleet,
+    rollouts: Rollouts,
+    checkpoint_source: CheckpointSource,
+    kubectl: Kubectl,
+    operator: OperatorProcess,
+) -> None:
+    """Readiness follows the replica, not the pod: a follower that has staged stays NotReady
+    (Staged) while its leader switches the engine, and is Ready once the operator confirms it."""
+    fleet = replica_fleet
+    for proc in fleet.procs:  # every engine hangs: the canary's leader cannot finish its switch
+        os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        spec = rollout_spec(
+            checkpoint_source.url, "v2", LABELS, replicaGroups={}, strategy={"waves": [1, "100%"]}
+        )
+        rollouts.create(NAME, spec)
+
+        def switching() -> tuple[str, str] | None:
+            status = rollouts.status(NAME)
+            waves = status.get("waves") or []
+            called = waves[0].get("called") or [] if waves else []
+            if len(called) != 2:
+                return None
+            follower, leader = called
+            entry = (status.get("workers") or {}).get(follower) or {}
+            return (leader, follower) if entry.get("reason") == WorkerReason.STAGED else None
+
+        leader, follower = wait_for(switching, 60, "the canary's follower staged and its leader called")
+
+        def staged_condition() -> dict[str, tuple[str, str]] | None:
+            ready = _weights_ready(kubectl)
+            return ready if ready.get(follower, ("", ""))[1] == WeightsReadyReason.STAGED else None
+
+        ready = wait_for(staged_condition, 30, f"{follower}'s WeightsReady condition to say Staged")
+        assert ready[follower] == ("False", WeightsReadyReason.STAGED), ready
+        assert ready[leader] == ("False", WeightsReadyReason.LOADING), ready
+    finally:
+        for proc in fleet.procs:
+            os.kill(proc.pid, signal.SIGCONT)
+    done = rollouts.wait_phase(NAME, ENDED, timeout=120, version="v2")
+    assert done["phase"] == Phase.SUCCEEDED, _why(done)
+    wait_for(
+        lambda: set(_weights_ready(kubectl).values()) == {("True", WeightsReadyReason.LOADED)},
+        30,
+        "every pod WeightsReady once every replica switched",
+    )
+    assert {leader: fleet.serving(leader) for leader in LEADERS} == dict.fromkeys(LEADERS, "v2")
     assert not fleet.mixed, fleet.mixed
 
 

@@ -211,6 +211,15 @@ class UpdateWeightsRequest(_Request):
             "beside this one: what its replica's leader may restore while it switches",
         ),
     ] = None
+    # Absent: an ordinary load (what every caller but the operator's replica gangs sends).
+    stage: Annotated[
+        bool | None,
+        Field(
+            description="true: a multi-node replica's follower (engine member) stages the version for "
+            "its leader: reported as Staged, the pod NotReady until a call without stage confirms "
+            "it (the replica has switched, or gone back)",
+        ),
+    ] = None
 
 
 class CancelLoadRequest(_Request):
@@ -334,6 +343,9 @@ class AgentStatus(_Response):
     manifest_digest: str | None = None
     source: str | None = None
     weights_lost: bool = False
+    staged: Annotated[
+        bool, Field(description="The live version was staged for a replica's leader and not confirmed yet")
+    ] = False
     updates: UpdateCounts = UpdateCounts()
     last_load: LastLoad | None = None
     relay: RelayState | None = None

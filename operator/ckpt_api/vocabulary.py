@@ -129,6 +129,9 @@ class WorkerReason(StrEnum):
 
     LOADING = "Loading"
     LOADED = "Loaded"
+    # A replica's follower holds the version where its engine rank reads it, for its leader to
+    # switch the replica (a staging call: UpdateWeightsRequest.stage).
+    STAGED = "Staged"
     # Written by the agent: the load failed and (unless the weights were lost) the previous
     # version still serves.
     CHECKSUM_MISMATCH = "ChecksumMismatch"
@@ -199,6 +202,7 @@ class WeightsReadyReason(StrEnum):
     LOADING = "Loading"
     LOADED = "Loaded"
     AWAITING_ROLLOUT = "AwaitingRollout"  # serving boot weights no rollout has confirmed
+    STAGED = "Staged"  # a replica's follower holds a version its replica has not switched to yet
     WEIGHTS_LOST = "WeightsLost"  # a streamed apply failed and could not be undone
 
 

@@ -135,3 +135,41 @@ async def test_a_follower_runs_no_health_check_of_its_own(
     assert status["version"] == "v2"
     assert status["last_load"]["health_check"]["passed"] is None
     assert "generate" not in sglang.names
+
+
+ROLLOUT = {"namespace": "rl", "name": "fleet", "uid": "u-1", "wave": 0, "report": True}
+
+
+async def test_a_staged_follower_is_not_ready_until_a_call_without_stage_confirms_it(
+    tree: Tree, agent_factory: AgentFactory, start_multinode: Starter, tmp_path: Path
+) -> None:
+    """What the operator's gang sends: the follower stages (`stage`), its pod NotReady while its
+    replica switches; the same call without `stage` once the leader is decided makes it Ready."""
+    _, leader, member, _, _ = await replica(tree, agent_factory, start_multinode, tmp_path)
+    assert (await member.status())["report"]["weights_ready"] is True
+
+    assert (await member.update("v2", rollout=ROLLOUT, stage=True))[0] == 202
+    status = await member.wait_settled()
+    assert (status["version"], status["staged"], status["report"]["weights_ready"]) == ("v2", True, False)
+    assert status["report"]["last"]["reason"] == "Staged"
+    # Staged again (an operator that restarted mid-gang): a noop, still NotReady.
+    code, body = await member.update("v2", rollout=ROLLOUT, stage=True)
+    assert (code, body["noop"]) == (200, True)
+    status = await member.status()
+    assert (status["staged"], status["report"]["weights_ready"], status["report"]["last"]["reason"]) == (
+        True,
+        False,
+        "Staged",
+    )
+
+    code, body = await member.update("v2", rollout={**ROLLOUT, "report": False})
+    assert (code, body["noop"]) == (200, True)
+    status = await member.status()
+    assert (status["version"], status["staged"], status["report"]["weights_ready"]) == ("v2", False, True)
+
+    # A staging call that is not a member's is refused: the leader's engine would be switched.
+    serving = (await leader.status())["version"]
+    code, body = await leader.update("v2", rollout=ROLLOUT, stage=True)
+    assert (code, body["field"]) == (400, "stage"), body
+    status = await leader.status()
+    assert (status["version"], status["state"]) == (serving, "idle")

@@ -80,6 +80,22 @@ def followers_of(leaders: list[str]) -> list[str]:
     return [f for leader in leaders for f in REPLICAS[leader]]
 
 
+def staging(plan: Plan) -> dict[str, bool | None]:
+    """Each call's `stage`: True for a follower staging for its leader, None for any other."""
+    return {c.pod: c.request.stage for c in plan.calls}
+
+
+def confirms(plan: Plan) -> list[tuple[str, str, bool | None]]:
+    return [(c.pod, c.request.version, c.request.stage) for c in plan.confirms]
+
+
+# The canary replica with its leader decided and its follower still staged (NotReady) for it.
+LEADER_DECIDED = {
+    "switched": entry("v2", "Updated"),
+    "failed": entry("v2", "Failed", "HealthCheckFailed"),
+}
+
+
 CASES = [
     Case(
         "the-canary-wave-is-one-replica-and-its-follower-stages-first",
@@ -89,11 +105,12 @@ CASES = [
         calls=[FOLLOWER],
         events=[EventReason.WAVE_STARTED],
         wake=TUNING.pull_after_s,
-        observe=lambda plan: (wave_rows(plan), plan.status.replicas, plan.status.message),
+        observe=lambda plan: (wave_rows(plan), plan.status.replicas, plan.status.message, staging(plan)),
         observed=(
             [(WaveKind.SPEC, WavePhase.RUNNING, [CANARY], [FOLLOWER])],
             3,
             "wave 1/2: 1 replica",
+            {FOLLOWER: True},
         ),
     ),
     Case(
@@ -119,8 +136,43 @@ CASES = [
         Phase.PROGRESSING,
         calls=[CANARY],
         wake=TUNING.pull_after_s,
-        observe=lambda plan: wave_rows(plan)[0][3],
-        observed=[FOLLOWER, CANARY],
+        observe=lambda plan: (wave_rows(plan)[0][3], staging(plan), confirms(plan)),
+        observed=([FOLLOWER, CANARY], {CANARY: None}, []),
+    ),
+    *(
+        Case(
+            f"the-leader-{how}-so-its-staged-follower-is-confirmed-before-the-wave-moves-on",
+            grouped(
+                progressing(
+                    wave(0, [CANARY], called=[FOLLOWER, CANARY]),
+                    workers={FOLLOWER: entry("v2", "Updated", "Staged"), CANARY: leader},
+                )
+            ),
+            State.ADVANCE,
+            Phase.PROGRESSING,
+            events=[EventReason.WORKER_FAILED] if how == "failed" else [],
+            wake=0.0,
+            observe=lambda plan: (confirms(plan), wave_rows(plan)[0][1]),
+            observed=([(FOLLOWER, "v2", None)], WavePhase.RUNNING),
+        )
+        for how, leader in LEADER_DECIDED.items()
+    ),
+    Case(
+        "a-follower-confirmed-is-not-confirmed-again-and-the-wave-completes",
+        grouped(
+            progressing(
+                wave(0, [CANARY], called=[FOLLOWER, CANARY]),
+                workers={FOLLOWER: entry("v2", "Updated", "Staged"), CANARY: entry("v2", "Updated")},
+            )
+        ),
+        State.ADVANCE,
+        Phase.PROGRESSING,
+        calls=followers_of(REST),
+        events=[EventReason.WAVE_COMPLETED, EventReason.WAVE_STARTED],
+        wake=TUNING.pull_after_s,
+        memory=Memory(confirmed={f"{FOLLOWER}/v2"}),
+        observe=lambda plan: (confirms(plan), wave_rows(plan)[0][1], set(staging(plan).values())),
+        observed=([], WavePhase.COMPLETED, {True}),
     ),
     Case(
         "a-called-leader-is-not-called-again-while-it-loads",

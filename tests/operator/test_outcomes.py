@@ -62,6 +62,10 @@ def test_settles(entry: dict[str, Any], settled: bool) -> None:
             (Outcome.UPDATED, "Loaded", "confirmed by the agent's /v1/status"),
         ),
         (
+            {"state": "idle", "version": "v2", "staged": True},  # a replica's follower, staged
+            (Outcome.UPDATED, "Staged", "confirmed by the agent's /v1/status"),
+        ),
+        (
             {
                 "state": "failed",
                 "version": "v1",

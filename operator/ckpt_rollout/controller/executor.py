@@ -174,6 +174,7 @@ class Reconciler:
         probed, measured = memory.probed, memory.measured
         await asyncio.gather(
             self._calls(plan.calls, memory, rollout.spec.strategy.max_concurrency, meta.namespace),
+            self._confirms(plan.confirms, memory, meta.namespace),
             self._pulls(plan.pulls, memory, now.stamp, meta.namespace),
             self._probe(plan, memory, meta.namespace),
             self._measure(plan, memory),
@@ -199,6 +200,28 @@ class Reconciler:
             record_call(memory, call, result, self.tuning, time.monotonic(), rfc3339(time.time()))
 
         await asyncio.gather(*(one(c) for c in calls))
+
+    async def _confirms(self, confirms: list[Call], memory: Memory, namespace: str) -> None:
+        """Best effort, sent once: a follower that missed its confirm stays NotReady (Staged)
+        until its replica's next switch, which its pod's condition says."""
+        if not confirms:
+            return
+        results = await asyncio.gather(
+            *(
+                self.agents.update_weights(c.ip, c.port, c.request, namespace=namespace, pod=c.pod)
+                for c in confirms
+            )
+        )
+        for confirm, result in zip(confirms, results, strict=True):
+            memory.confirmed.add(f"{confirm.pod}/{confirm.request.version}")
+            if not result.accepted:
+                log.warning(
+                    "%s/%s: confirm of %s not accepted (%s)",
+                    namespace,
+                    confirm.pod,
+                    confirm.request.version,
+                    result.status or result.error,
+                )
 
     async def _cancels(self, cancels: list[Cancel], namespace: str) -> None:
         """Best effort: an agent that cannot be told stops at its load's own deadline."""

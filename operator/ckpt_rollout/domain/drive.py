@@ -29,6 +29,7 @@ class Target:
     wave: int
     kind: Literal["wave", "rollback"]
     may_call: bool = True
+    stage: bool = False  # a replica's followers, staging for their leaders (engine member)
 
 
 def failure_entry(version: str, wave: int, reason: str, message: str, stamp: str) -> WorkerStatus:
@@ -251,7 +252,7 @@ def timeout_message(timeout: int, trouble: Trouble | None) -> str:
 
 
 def request(
-    d: Draft, version: str, wave: int, *, report: bool, rollback: bool = False
+    d: Draft, version: str, wave: int, *, report: bool, rollback: bool = False, stage: bool = False
 ) -> UpdateWeightsRequest:
     spec, meta = d.spec, d.rollout.meta
     pin = pin_for(
@@ -272,6 +273,7 @@ def request(
         # bytes by then too, so it is free (old weights serving) for what comes next.
         deadline_seconds=spec.timeouts.worker_seconds,
         retain=_retained(d, version) if spec.replica_groups is not None else None,
+        stage=True if stage else None,
     )
 
 
@@ -308,7 +310,9 @@ def relay_peers(d: Draft, version: str) -> list[str]:
 def _plan_calls(d: Draft, target: Target, pods: list[str], *, report: bool) -> None:
     if not pods:
         return
-    body = request(d, target.version, target.wave, report=report, rollback=target.kind == "rollback")
+    body = request(
+        d, target.version, target.wave, report=report, rollback=target.kind == "rollback", stage=target.stage
+    )
     port = d.spec.agent.port
     parents: dict[str, str | None] = {}
     if body.source is not None and d.spec.strategy.peer_relay and target.version == d.spec.version:

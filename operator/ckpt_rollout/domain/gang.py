@@ -3,13 +3,15 @@ switches as one. Its followers' agents stage the version first (each pulls and v
 its node's engine rank reads it; nothing serves it yet); only once every follower holds it is
 the leader's agent called, which updates the engine once for the whole replica, checks it and
 resumes it. A follower that cannot stage fails its replica with the leader never called, so
-nothing was applied. Pure: works on a Draft, through `drive` for each side."""
+nothing was applied. Followers stage with `stage` set, which keeps their pods NotReady until the
+replica's leader is decided and they are told so (a confirm). Pure: works on a Draft, through
+`drive` for each side."""
 
 from ckpt_api.status import WorkerStatus
-from ckpt_api.vocabulary import WorkerReason
-from ckpt_rollout.domain.drive import Target, drive, failure_entry, outcomes
+from ckpt_api.vocabulary import WorkerPhase, WorkerReason
+from ckpt_rollout.domain.drive import Target, drive, failure_entry, outcomes, request
 from ckpt_rollout.domain.outcomes import Outcome
-from ckpt_rollout.domain.plan import Draft
+from ckpt_rollout.domain.plan import Call, Draft
 
 
 def drive_units(d: Draft, target: Target) -> tuple[list[str], dict[str, Outcome] | None]:
@@ -27,7 +29,7 @@ def drive_units(d: Draft, target: Target) -> tuple[list[str], dict[str, Outcome]
     stagers = [f for lead in staging for f in followers.get(lead, ())]
     staged: dict[str, Outcome] = {}
     if stagers:
-        stage = _part(target, stagers, called)
+        stage = _part(target, stagers, called, stage=True)
         stage_called, _ = drive(d, stage)
         called = _merged(called, stage_called)
         staged = outcomes(d, stage, stage_called)
@@ -49,12 +51,40 @@ def drive_units(d: Draft, target: Target) -> tuple[list[str], dict[str, Outcome]
         lead_called, _ = drive(d, leading)
         called = _merged(called, lead_called)
     decided = outcomes(d, target, called)
-    if any(o in (Outcome.WAITING, Outcome.UNCALLED) for o in decided.values()):
+    confirming = _confirm_followers(d, target, decided)
+    if confirming or any(o in (Outcome.WAITING, Outcome.UNCALLED) for o in decided.values()):
         return called, None
     return called, decided
 
 
-def _part(target: Target, members: list[str], called: list[str]) -> Target:
+def _confirm_followers(d: Draft, target: Target, leads: dict[str, Outcome]) -> bool:
+    """Once a replica's leader is decided (switched, failed and put back, or never called for a
+    member's failure), its followers still staged for it are told the replica is settled: the
+    same call without `stage`, a noop that makes their pods Ready again. Returns whether any is
+    sent now: the wave waits for that step, so an operator restarted before it sends them again
+    (noops) instead of leaving pods NotReady."""
+    followers, workers = d.rollout.replicas.followers, d.status.workers
+    staged = (target.version, WorkerPhase.UPDATED, WorkerReason.STAGED)
+    pending = [
+        f
+        for lead, o in leads.items()
+        if o is Outcome.UPDATED or o is Outcome.FAILED
+        for f in followers.get(lead, ())
+        if (entry := workers.get(f)) is not None
+        and (entry.version, entry.phase, entry.reason) == staged
+        and f"{f}/{target.version}" not in d.memory.confirmed
+    ]
+    if not pending:
+        return False
+    body = request(d, target.version, target.wave, report=False, rollback=target.kind == "rollback")
+    for name in pending:
+        pod = d.rollout.pods[name]
+        d.plan.confirms.append(Call(name, pod.ip, d.spec.agent.port, body))
+    d.wake(0.0)
+    return True
+
+
+def _part(target: Target, members: list[str], called: list[str], *, stage: bool = False) -> Target:
     chosen = set(members)
     return Target(
         version=target.version,
@@ -63,6 +93,7 @@ def _part(target: Target, members: list[str], called: list[str]) -> Target:
         wave=target.wave,
         kind=target.kind,
         may_call=target.may_call,
+        stage=stage,
     )
 
 

@@ -68,7 +68,8 @@ def pulled_outcome(agent_status: AgentStatus, *, target: str) -> tuple[Outcome, 
     if agent_status.state == AgentState.LOADING:
         return Outcome.WAITING, "", ""
     if agent_status.version == target:
-        return Outcome.UPDATED, WorkerReason.LOADED, "confirmed by the agent's /v1/status"
+        reason = WorkerReason.STAGED if agent_status.staged else WorkerReason.LOADED
+        return Outcome.UPDATED, reason, "confirmed by the agent's /v1/status"
     if error is not None and error.version == target:
         if error.reason == WorkerReason.CANCELLED:
             return Outcome.WAITING, "", ""  # its agent is stopping: whether its pod goes decides

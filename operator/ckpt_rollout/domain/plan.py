@@ -129,6 +129,9 @@ class Plan:
     calls: list[Call] = field(default_factory=list)
     pulls: list[Pull] = field(default_factory=list)
     cancels: list[Cancel] = field(default_factory=list)  # sent before the calls
+    # A switched (or given up) replica's followers told their staged version is settled, so
+    # their pods are Ready again; noops, answered at once, outcomes never waited for.
+    confirms: list[Call] = field(default_factory=list)
     probe: Probe | None = None
     measurement: Measurement | None = None
     events: list[Event] = field(default_factory=list)

@@ -119,6 +119,8 @@ class Memory:
     # Why a pod's last call or pull made no progress (an answer such as 503 AuthUnavailable, no
     # connection), until one does.
     troubles: dict[str, Trouble] = field(default_factory=dict)
+    # "pod/version" of the followers' confirms sent (ckpt_rollout.domain.gang), whatever answered.
+    confirmed: set[str] = field(default_factory=set)
 
     def reset(self) -> None:
         self.call_times.clear()
@@ -130,3 +132,4 @@ class Memory:
         self.announced.clear()
         self.measured = None
         self.troubles.clear()
+        self.confirmed.clear()

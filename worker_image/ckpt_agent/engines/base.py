@@ -27,6 +27,9 @@ class Engine(EngineControl, Protocol):
     # pass is no traffic): the service then keeps traffic held from the apply until the verdict.
     # False for engines that answer the probe through the very API their pause holds.
     checks_while_paused: bool
+    # Loads only stage the version for another pod's engine (a multi-node replica's follower):
+    # the only engines a staging call (UpdateWeightsRequest.stage) is for.
+    stages_only: bool
 
     async def start(self) -> None: ...
 

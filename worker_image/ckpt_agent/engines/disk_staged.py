@@ -87,6 +87,7 @@ class DiskStagedEngine:
     supports_infer = False
     # The check generates through the server's own API, which its pause holds back.
     checks_while_paused = False
+    stages_only = False
     pulls_weights_itself = False
     # The engine's own /health would route traffic to weights nobody can vouch for.
     pauses_lost_weights = True

@@ -124,6 +124,7 @@ class FastDeployEngine:
     supports_infer = False
     # The check generates through /v1/completions, which FastDeploy's pause holds back.
     checks_while_paused = False
+    stages_only = False
     # FastDeploy reads the weights itself: no byte of a load passes the agent, whose floor on
     # bytes per second (service.load_watch) would fail every load; FastDeploy's own timeout
     # bounds it.

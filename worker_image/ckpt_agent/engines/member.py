@@ -42,6 +42,7 @@ class _Kept:
 class MemberEngine(PausedFlag, DiskStagedEngine):
     name = "member"
     label = "the replica's engine"
+    stages_only = True
 
     def __init__(self, staging_root: Path, **staging: Any) -> None:
         # No URL: nothing here is ever called; the leader's agent drives the replica's engine.

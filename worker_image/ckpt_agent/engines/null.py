@@ -23,6 +23,7 @@ class NullEngine(PausedFlag):
     name = "null"
     supports_infer = False
     checks_while_paused = True  # nothing to probe
+    stages_only = False
 
     def __init__(self, load_seconds: float = 0.0) -> None:
         # Optional simulated apply time, spent paused as a real apply would be.

@@ -46,6 +46,7 @@ class PaddleEngine:
     name = "paddle"
     supports_infer = True
     checks_while_paused = True  # the check's forward pass runs whoever holds the pause
+    stages_only = False
 
     def __init__(
         self,

@@ -30,6 +30,7 @@ class LoadRun:
     fallback: str | None = None  # why the load left its peer for the source
     peer_bytes: int = 0  # what the peer sent before the load left it
     check: CheckResult | None = None  # its smoke check, once it ran
+    stage: bool = False  # a replica follower's staging call (UpdateWeightsRequest.stage)
 
     def stop(self, error: LoadError) -> None:
         """Its reads are woken and its loops stop at their next cancel check, with `error`

@@ -128,6 +128,9 @@ class AgentService:
         self._requires_source = requires_source
         self._initial = (initial_version, initial_verify)
         self._confirmed = not await_rollout  # a rollout has confirmed the live version
+        # The live version was staged for a replica's leader (a staging call) and no call has
+        # confirmed it since: the pod stays NotReady while its replica switches.
+        self._staged = False
         self.live: LiveWeights | None = None
         self.weights_lost = False
         self.state = AgentState.IDLE
@@ -176,6 +179,13 @@ class AgentService:
         return self._task is not None and not self._task.done()
 
     def request_update(self, req: UpdateWeightsRequest) -> Reply:
+        if req.stage and not self.engine.stages_only:
+            self._count(UpdateResult.REJECTED)
+            raise RequestError(
+                f"stage is for a multi-node replica's followers (engine member), "
+                f"not engine {self.engine.name}",
+                field="stage",
+            )
         if self.loading:
             self._count(UpdateResult.CONFLICT)
             return Reply(
@@ -191,17 +201,13 @@ class AgentService:
             if self.state == AgentState.FAILED:
                 self.state = AgentState.IDLE
             if req.rollout is not None:
+                reason, said = (Reason.STAGED, "staged") if req.stage else (Reason.LOADED, "live")
                 self._report(
-                    req.rollout,
-                    req.version,
-                    WorkerPhase.UPDATED,
-                    Reason.LOADED,
-                    f"{req.version} is live",
-                    0,
-                    0.0,
+                    req.rollout, req.version, WorkerPhase.UPDATED, reason, f"{req.version} is {said}", 0, 0.0
                 )
-                if not self._confirmed:
-                    self._confirmed = True
+                # A staging call means the replica is about to switch, even to what is staged here.
+                if req.stage or not self._confirmed or self._staged:
+                    self._confirmed, self._staged = True, bool(req.stage)
                     self._ready(f"serving {req.version}")
             return Reply(200, UpdateAccepted(accepted=True, noop=True, version=req.version))
         if self._requires_source and req.source is None and self._default_source is None:
@@ -350,7 +356,7 @@ class AgentService:
         )
         # The live version's copy is still served while this load pulls and verifies; it is
         # released once the load takes the engine to change the weights (or succeeds).
-        self._current = run = LoadRun(job, standing=self.relay, peer_skipped=skipped)
+        self._current = run = LoadRun(job, standing=self.relay, peer_skipped=skipped, stage=bool(req.stage))
         self.gate.before_acquire(LOAD, self._retire_standing)
         self.state = AgentState.LOADING
         self.target = req.version
@@ -421,9 +427,11 @@ class AgentService:
             if run.check is not None:
                 message += f"; {run.check.verdict.message}"
             log.info("%s", message)
+            self._staged = run.stage
             if rollout is not None:
+                reason = Reason.STAGED if run.stage else Reason.LOADED
                 self._report(
-                    rollout, job.version, WorkerPhase.UPDATED, Reason.LOADED, message, outcome.bytes, seconds
+                    rollout, job.version, WorkerPhase.UPDATED, reason, message, outcome.bytes, seconds
                 )
                 self._confirmed = True
             self._ready(f"serving {job.version}")
@@ -586,7 +594,11 @@ class AgentService:
         return await self.engine.load(job, self.gate, self.progress)
 
     def _ready(self, message: str) -> None:
-        if self._confirmed:
+        if self._staged:
+            self.reporter.weights_ready(
+                False, WeightsReadyReason.STAGED, f"{message}: staged, its replica has not switched to it yet"
+            )
+        elif self._confirmed:
             self.reporter.weights_ready(True, WeightsReadyReason.LOADED, message)
         else:
             self.reporter.weights_ready(
@@ -711,6 +723,7 @@ class AgentService:
             manifest_digest=live.manifest_digest if live else None,
             source=live.source_uri if live else None,
             weights_lost=self.weights_lost,
+            staged=self._staged,
             updates=UpdateCounts.model_validate({k: self.updates[k] for k in UPDATE_COUNTS}),
             last_load=self.last_load,
             relay=None
