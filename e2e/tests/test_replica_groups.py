@@ -92,6 +92,16 @@ def pod(name: str, group: int, index: int) -> dict[str, Any]:
     }
 
 
+CANARY_FIRST = {"waves": [1, "100%"]}
+
+
+def grouped_spec(
+    source: CheckpointSource, strategy: dict[str, Any], labels: dict[str, str] = LABELS
+) -> dict[str, Any]:
+    """A rollout of v2 over replicas as LeaderWorkerSet labels them."""
+    return rollout_spec(source.url, "v2", labels, replicaGroups={}, strategy=strategy)
+
+
 def get_json(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=5) as resp:
         return json.loads(resp.read())
@@ -253,8 +263,7 @@ def test_replicas_switch_one_by_one_and_a_member_that_cannot_stage_leaves_its_re
 ) -> None:
     fleet = replica_fleet
     strategy = {"waves": [1, "100%"], "pauseAfterWave": [0]}
-    spec = rollout_spec(checkpoint_source.url, "v2", LABELS, replicaGroups={}, strategy=strategy)
-    rollouts.create(NAME, spec)
+    rollouts.create(NAME, grouped_spec(checkpoint_source, strategy))
 
     paused = rollouts.wait_phase(NAME, {"Paused"}, timeout=120, version="v2")
     (canary,) = paused["waves"][0]["pods"]
@@ -307,10 +316,7 @@ def test_an_operator_killed_mid_gang_updates_each_engine_once_and_abort_brings_e
     operator: OperatorProcess,
 ) -> None:
     fleet = replica_fleet
-    spec = rollout_spec(
-        checkpoint_source.url, "v2", LABELS, replicaGroups={}, strategy={"waves": [1, "100%"]}
-    )
-    rollouts.create(NAME, spec)
+    rollouts.create(NAME, grouped_spec(checkpoint_source, CANARY_FIRST))
 
     def gang_started() -> bool:
         waves = rollouts.status(NAME).get("waves") or []
@@ -365,10 +371,7 @@ def test_a_replicas_pods_are_not_ready_while_it_switches_and_ready_once_it_has(
     for proc in fleet.procs:  # every engine hangs: the canary's leader cannot finish its switch
         os.kill(proc.pid, signal.SIGSTOP)
     try:
-        spec = rollout_spec(
-            checkpoint_source.url, "v2", LABELS, replicaGroups={}, strategy={"waves": [1, "100%"]}
-        )
-        rollouts.create(NAME, spec)
+        rollouts.create(NAME, grouped_spec(checkpoint_source, CANARY_FIRST))
 
         def switching() -> tuple[str, str] | None:
             status = rollouts.status(NAME)
@@ -415,10 +418,7 @@ def test_a_replica_whose_check_fails_after_the_switch_goes_back_on_every_node(
     fleet = replica_fleet
     for leader in LEADERS:
         fleet.fault(leader, "empty")
-    spec = rollout_spec(
-        checkpoint_source.url, "v2", LABELS, replicaGroups={}, strategy={"waves": [1, "100%"]}
-    )
-    rollouts.create(NAME, spec)
+    rollouts.create(NAME, grouped_spec(checkpoint_source, CANARY_FIRST))
     ended = rollouts.wait_phase(NAME, ENDED, timeout=120, version="v2")
     assert ended["phase"] == Phase.ROLLED_BACK, _why(ended)
     (canary,) = ended["waves"][0]["pods"]
@@ -449,10 +449,7 @@ def test_a_member_deleted_mid_gang_takes_its_replica_out_and_the_rest_switch(
     source_pid = checkpoint_source.proc.pid
     os.kill(source_pid, signal.SIGSTOP)  # connections are accepted, nothing is answered
     try:
-        spec = rollout_spec(
-            checkpoint_source.url, "v2", LABELS, replicaGroups={}, strategy={"waves": [1, "100%"]}
-        )
-        rollouts.create(NAME, spec)
+        rollouts.create(NAME, grouped_spec(checkpoint_source, CANARY_FIRST))
 
         def staging() -> list[str] | None:
             waves = rollouts.status(NAME).get("waves") or []
@@ -484,9 +481,7 @@ def test_a_replica_missing_a_pod_waits_whole_and_is_brought_to_the_version_when_
 ) -> None:
     fleet = replica_fleet
     strategy = {"waves": [1, "100%"], "pauseAfterWave": [0]}
-    rollouts.create(
-        NAME, rollout_spec(checkpoint_source.url, "v2", LABELS, replicaGroups={}, strategy=strategy)
-    )
+    rollouts.create(NAME, grouped_spec(checkpoint_source, strategy))
     paused = rollouts.wait_phase(NAME, {"Paused"}, timeout=120, version="v2")
     (canary,) = paused["waves"][0]["pods"]
     broken = next(leader for leader in LEADERS if leader != canary)
@@ -560,9 +555,7 @@ def test_a_leaderworkerset_rolls_out_replica_by_replica(
 
             strategy = {"waves": [1, "100%"], "pauseAfterWave": [0]}
             labels = {"app": WORKER_LABEL, "fleet": name}
-            rollouts.create(
-                NAME, rollout_spec(checkpoint_source.url, "v2", labels, replicaGroups={}, strategy=strategy)
-            )
+            rollouts.create(NAME, grouped_spec(checkpoint_source, strategy, labels))
             paused = rollouts.wait_phase(NAME, {"Paused"}, timeout=120, version="v2")
             (canary,) = paused["waves"][0]["pods"]
             assert (paused["replicas"], paused["updatedReplicas"]) == (3, 1), _why(paused)

@@ -204,23 +204,16 @@ class Reconciler:
     async def _confirms(self, confirms: list[Call], memory: Memory, namespace: str) -> None:
         """Best effort, sent once: a follower that missed its confirm stays NotReady (Staged)
         until its replica's next switch, which its pod's condition says."""
-        if not confirms:
-            return
-        results = await asyncio.gather(
-            *(
-                self.agents.update_weights(c.ip, c.port, c.request, namespace=namespace, pod=c.pod)
-                for c in confirms
-            )
-        )
-        for confirm, result in zip(confirms, results, strict=True):
+        sent = [
+            self.agents.update_weights(c.ip, c.port, c.request, namespace=namespace, pod=c.pod)
+            for c in confirms
+        ]
+        for confirm, result in zip(confirms, await asyncio.gather(*sent), strict=True):
             memory.confirmed.add(f"{confirm.pod}/{confirm.request.version}")
             if not result.accepted:
+                why = result.status or result.error
                 log.warning(
-                    "%s/%s: confirm of %s not accepted (%s)",
-                    namespace,
-                    confirm.pod,
-                    confirm.request.version,
-                    result.status or result.error,
+                    "%s/%s: confirm of %s refused (%s)", namespace, confirm.pod, confirm.request.version, why
                 )
 
     async def _cancels(self, cancels: list[Cancel], namespace: str) -> None:
