@@ -18,6 +18,13 @@ on one core here (with the SHA extensions) and both digests are computed in the 
 Optionally, `reference` holds what the paddle reference model answers with these weights
 (`ReferenceRecord`), for the smoke check after a load.
 
+A checkpoint saved per tensor-parallel rank (vLLM's and SGLang's `sharded_state` load format:
+`model-rank-<rank>-part-<part>.safetensors`, each rank reading only its own files, each with the
+same parameter names) records each such shard's `rank`. A tensor name is then unique within a
+rank (a shard without a rank counts for every rank), and a tensor is told apart by its file and
+name (`TensorRecord.key`). `share()` is the part of a version that given ranks read: all that a
+multi-node replica's pod pulls.
+
 Compatibility, for publishers and readers of different ages:
 
 - `format_version` is 3 (version 1 had no `extra_files`; version 2 carried sha256 where 3 carries
@@ -220,9 +227,42 @@ class TensorRecord(_Digested):
     def end(self) -> int:
         return self.offset + self.nbytes
 
+    @property
+    def key(self) -> tuple[str, str]:
+        """What tells it from every other tensor of its version: ranks' shards repeat names."""
+        return self.file, self.name
+
 
 class ShardRecord(_Record):
     size: Count
+    # Only ranks' files carry it: readers that predate it load every shard, as before.
+    rank: Count | SkipJsonSchema[None] = Field(
+        default=None, description="the tensor-parallel rank that alone reads this shard (sharded_state)"
+    )
+
+
+# vLLM's ShardedStateLoader.DEFAULT_PATTERN ("model-rank-{rank}-part-{part}.safetensors",
+# model_executor/model_loader/sharded_state_loader.py), which SGLang's sharded_state loader shares:
+# each rank globs its own files and reads nothing else.
+_RANK_FILE = re.compile(r"model-rank-(\d+)-part-\d+\.safetensors")
+
+
+def shard_rank(name: str) -> int | None:
+    """The rank whose file ``name`` is in a sharded_state checkpoint (None: every rank's)."""
+    found = _RANK_FILE.fullmatch(name)
+    return int(found.group(1)) if found else None
+
+
+def share(doc: ManifestDocument, ranks: frozenset[int]) -> ManifestDocument:
+    """What ``ranks`` read of ``doc``: their shards, the shards with no rank and their tensors,
+    and every extra file. ``doc`` itself when it records no rank (every rank reads every file)."""
+    if all(f.rank is None for f in doc.files.values()):
+        return doc
+    files = {name: f for name, f in doc.files.items() if f.rank is None or f.rank in ranks}
+    tensors = tuple(t for t in doc.tensors if t.file in files)
+    return doc.model_copy(
+        update={"files": files, "tensors": tensors, "total_bytes": sum(t.nbytes for t in tensors)}
+    )
 
 
 class ExtraFileRecord(_Digested):
@@ -288,7 +328,8 @@ class ManifestDocument(_Record):
     @model_validator(mode="after")
     def _consistent(self) -> ManifestDocument:
         files = self.files
-        seen: set[str] = set()
+        every_rank: set[str] = set()  # names in shards without a rank
+        per_rank: dict[int, set[str]] = {}
         by_file: dict[str, list[TensorRecord]] = {}
         for index, t in enumerate(self.tensors):
             where = tensor_label(t.name, index)
@@ -303,9 +344,15 @@ class ManifestDocument(_Record):
                 _fail(f"{where}: nbytes {t.nbytes} does not match {t.dtype}{tuple(t.shape)}")
             if t.offset + t.nbytes > shard.size:
                 _fail(f"{where}: bytes end past the size of {t.file}")
-            if t.name in seen:
+            if shard.rank is None:
+                twice = t.name in every_rank or any(t.name in names for names in per_rank.values())
+                every_rank.add(t.name)
+            else:
+                names = per_rank.setdefault(shard.rank, set())
+                twice = t.name in names or t.name in every_rank
+                names.add(t.name)
+            if twice:
                 _fail(f"{where} is listed twice")
-            seen.add(t.name)
             by_file.setdefault(t.file, []).append(t)
         for fname, entries in by_file.items():
             entries.sort(key=lambda t: t.offset)

@@ -85,6 +85,16 @@ def staging(plan: Plan) -> dict[str, bool | None]:
     return {c.pod: c.request.stage for c in plan.calls}
 
 
+def fed_by(plan: Plan) -> dict[str, str | None]:
+    """Each call's relay parent, as the pod it names (None: the source)."""
+    by_ip = {p.ip: name for name, p in grouped().pods.items()}
+    peers = {c.pod: c.request.source.peer if c.request.source else None for c in plan.calls}
+    return {
+        pod: None if peer is None else by_ip[peer.split("//")[1].rsplit(":", 1)[0]]
+        for pod, peer in peers.items()
+    }
+
+
 def confirms(plan: Plan) -> list[tuple[str, str, bool | None]]:
     return [(c.pod, c.request.version, c.request.stage) for c in plan.confirms]
 
@@ -202,9 +212,16 @@ CASES = [
         calls=followers_of(REST),
         events=[EventReason.WAVE_COMPLETED, EventReason.WAVE_STARTED],
         wake=TUNING.pull_after_s,
-        # The replica's entries, follower's too, fold into the wave's count.
-        observe=lambda plan: (workers(plan), wave_rows(plan)[1], plan.status.updated_replicas),
-        observed=({}, (WaveKind.SPEC, WavePhase.RUNNING, REST, followers_of(REST)), 1),
+        # The replica's entries, follower's too, fold into the wave's count. The followers are
+        # fed from the canary's follower (its node's ranks hold the same share), not its leader.
+        observe=lambda plan: (
+            workers(plan),
+            wave_rows(plan)[1],
+            plan.status.updated_replicas,
+            set(fed_by(plan).values()) <= {None, FOLLOWER, *followers_of(REST)},
+            FOLLOWER in fed_by(plan).values(),
+        ),
+        observed=({}, (WaveKind.SPEC, WavePhase.RUNNING, REST, followers_of(REST)), 1, True, True),
     ),
     Case(
         "a-follower-that-cannot-stage-fails-its-replica-and-the-leader-is-never-called",

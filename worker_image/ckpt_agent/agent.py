@@ -96,6 +96,7 @@ def _disk_engine(config: AgentConfig) -> Engine:
         "max_manifest_bytes": config.max_manifest_bytes,
         "parallelism": config.parallelism,
         "relay": config.relay,
+        "ranks": config.ranks,
     }
     assert config.staging_dir is not None  # validated
     if config.engine == "member":

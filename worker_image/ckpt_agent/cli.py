@@ -154,7 +154,7 @@ def config_from_args(args: argparse.Namespace, env: dict[str, str] | None = None
 
 
 def config_from_settings(settings: AgentSettings, host: str | None, environ: Mapping[str, str]) -> Any:
-    from ckpt_agent.config import AgentConfig, AuthConfig, TLSConfig, default_host
+    from ckpt_agent.config import AgentConfig, AuthConfig, TLSConfig, default_host, parse_ranks
     from ckpt_agent.formats.synth import ReferenceModelSpec
     from ckpt_agent.server.httpserver import ConnectionLimits
 
@@ -180,6 +180,7 @@ def config_from_settings(settings: AgentSettings, host: str | None, environ: Map
         fastdeploy_url=s.fastdeploy_url,
         engine_url=s.engine_url,
         staging_dir=s.staging_dir,
+        ranks=parse_ranks(s.ranks),
         sglang_load_format=s.sglang_load_format,
         sglang_pause_mode=s.sglang_pause_mode,
         sglang_api_key_file=s.sglang_api_key_file,

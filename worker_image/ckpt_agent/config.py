@@ -118,6 +118,7 @@ class AgentConfig:
     # Engines that load from a directory (sglang, vllm): their URL and where versions are staged.
     engine_url: str | None = None
     staging_dir: Path | None = None
+    ranks: frozenset[int] | None = None  # of a per-rank (sharded_state) version, what this pod pulls
     sglang_load_format: str | None = None
     sglang_pause_mode: str = _DEFAULTS.sglang_pause_mode
     # Files holding the SGLang server's --api-key / --admin-api-key (Kubernetes Secret mounts).
@@ -187,6 +188,9 @@ class AgentConfig:
             raise ConfigError(f"--relay-mooncake must be tcp or rdma, got {self.relay_mooncake!r}")
         if self.report and not (self.pod_name and self.pod_namespace):
             raise ConfigError("--report needs POD_NAME and POD_NAMESPACE in the environment")
+        if self.ranks is not None and self.engine not in DISK_ENGINES:
+            staging = ", ".join(DISK_ENGINES)
+            raise ConfigError(f"--ranks is for the engines that stage a directory ({staging})")
         if self.engine in DISK_ENGINES and self.staging_dir is None:
             raise ConfigError(f"the {self.engine} engine needs --staging-dir (a tmpfs or NVMe path)")
         if self.sglang_pause_mode not in SGLANG_PAUSE_MODES:
@@ -228,6 +232,23 @@ class AgentConfig:
         cannot be read or is empty)."""
         from_file = read_secret_file(self.fastdeploy_api_key_file, "--fastdeploy-api-key-file")
         return from_file or self.fastdeploy_api_key or None
+
+
+def parse_ranks(value: str | None) -> frozenset[int] | None:
+    """`--ranks`: comma-separated ranks and ranges (`0-7`, `8,9,12-15`)."""
+    if value is None or not value.strip():
+        return None
+    ranks: set[int] = set()
+    for part in value.split(","):
+        first, dash, last = part.strip().partition("-")
+        try:
+            low, high = int(first), int(last if dash else first)
+        except ValueError:
+            raise ConfigError(f"--ranks: {part.strip()!r} is not a rank or a range of ranks (0-7)") from None
+        if low < 0 or high < low:
+            raise ConfigError(f"--ranks: {part.strip()!r} is not a range of ranks from low to high")
+        ranks.update(range(low, high + 1))
+    return frozenset(ranks)
 
 
 def read_secret_file(path: Path | None, flag: str) -> str | None:

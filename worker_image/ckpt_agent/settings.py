@@ -114,6 +114,12 @@ class AgentSettings(BaseModel):
         description="where sglang/vllm/member versions are staged (tmpfs or NVMe path; the same path "
         "on every pod of a multi-node replica)",
     )
+    ranks: str | None = Field(
+        None,
+        description="the tensor-parallel ranks this pod's engine runs (sglang/vllm/member), e.g. 0-7 or "
+        "8,9: of a version saved per rank (sharded_state), only their files and the shared ones are "
+        "pulled and staged (unset: every file)",
+    )
     sglang_load_format: str | None = Field(
         None,
         description="load_format sent to SGLang's update_weights_from_disk (unset: the server's own; "

@@ -2,6 +2,7 @@
 whom to call (intent recorded in the draft first), whom to pull, who timed out, and when to
 look again. Pure: works on a Draft."""
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -30,6 +31,8 @@ class Target:
     kind: Literal["wave", "rollback"]
     may_call: bool = True
     stage: bool = False  # a replica's followers, staging for their leaders (engine member)
+    # Who may feed these members (relay roots); None: the pods of the waves completed already.
+    peers: tuple[str, ...] | None = None
 
 
 def failure_entry(version: str, wave: int, reason: str, message: str, stamp: str) -> WorkerStatus:
@@ -293,16 +296,17 @@ def health_check_request(check: HealthCheck) -> HealthCheckRequest | None:
     )
 
 
-def relay_peers(d: Draft, version: str) -> list[str]:
-    """Pods that finished an earlier wave on ``version``: later waves pull bytes from them (the
-    manifest still comes from the source, so a bad peer cannot inject weights)."""
+def relay_peers(d: Draft, version: str, among: Iterable[str] | None = None) -> list[str]:
+    """Pods that finished an earlier wave on ``version`` (``among``: those of them that may feed
+    the members at hand): later waves pull bytes from them (the manifest still comes from the
+    source, so a bad peer cannot inject weights)."""
     if not d.spec.strategy.peer_relay or version != d.spec.version:
         return []
     workers = d.status.workers
     done = {p for w in d.status.waves if w.phase is WavePhase.COMPLETED for p in w.pods}
     return sorted(
         p
-        for p in done
+        for p in (done if among is None else among)
         if p in d.rollout.pods and (p not in workers or workers[p].phase is not WorkerPhase.FAILED)
     )
 
@@ -319,7 +323,7 @@ def _plan_calls(d: Draft, target: Target, pods: list[str], *, report: bool) -> N
         # Chains over the whole wave, not just this step's calls, so a member called again
         # keeps its parent.
         present = [p for p in target.members if p in d.rollout.pods]
-        roots = relay_peers(d, target.version)
+        roots = relay_peers(d, target.version, target.peers)
         fanout = fanout_for(len(present), len(roots), d.spec.strategy.relay_fanout)
         parents = relay_parents(present, roots, fanout)
     feeding = feeds(parents)

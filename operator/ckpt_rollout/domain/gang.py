@@ -8,7 +8,7 @@ replica's leader is decided and they are told so (a confirm). Pure: works on a D
 `drive` for each side."""
 
 from ckpt_api.status import WorkerStatus
-from ckpt_api.vocabulary import WorkerPhase, WorkerReason
+from ckpt_api.vocabulary import WavePhase, WorkerPhase, WorkerReason
 from ckpt_rollout.domain.drive import Target, drive, failure_entry, outcomes, request
 from ckpt_rollout.domain.outcomes import Outcome
 from ckpt_rollout.domain.plan import Call, Draft
@@ -28,11 +28,12 @@ def drive_units(d: Draft, target: Target) -> tuple[list[str], dict[str, Outcome]
     staging = [lead for lead, o in leads.items() if o is Outcome.UNCALLED]
     stagers = [f for lead in staging for f in followers.get(lead, ())]
     staged: dict[str, Outcome] = {}
-    if stagers:
-        stage = _part(target, stagers, called, stage=True)
+    for position, group in _by_position(d, stagers).items():
+        peers = _position_peers(d, position)
+        stage = _part(target, group, called, stage=True, peers=peers)
         stage_called, _ = drive(d, stage)
         called = _merged(called, stage_called)
-        staged = outcomes(d, stage, stage_called)
+        staged.update(outcomes(d, stage, stage_called))
     ready: list[str] = []
     failed: dict[str, WorkerStatus | None] = {}
     for lead in staging:
@@ -84,7 +85,40 @@ def _confirm_followers(d: Draft, target: Target, leads: dict[str, Outcome]) -> b
     return True
 
 
-def _part(target: Target, members: list[str], called: list[str], *, stage: bool = False) -> Target:
+def _by_position(d: Draft, followers: list[str]) -> dict[str, list[str]]:
+    """Followers by their place in their replica (the leader label's value, e.g. a
+    LeaderWorkerSet's worker-index): pods at one place run the same ranks, so only they may feed
+    each other a version saved per rank (each holds its ranks' share of it)."""
+    groups = d.spec.replica_groups
+    assert groups is not None
+    by: dict[str, list[str]] = {}
+    for name in followers:
+        by.setdefault(d.rollout.pods[name].labels.get(groups.leader_label, ""), []).append(name)
+    return by
+
+
+def _position_peers(d: Draft, position: str) -> tuple[str, ...]:
+    """The followers at ``position`` of the replicas that completed a wave: who may feed it."""
+    groups = d.spec.replica_groups
+    assert groups is not None
+    done = [p for w in d.status.waves if w.phase is WavePhase.COMPLETED for p in w.pods]
+    followers = d.rollout.replicas.followers
+    return tuple(
+        f
+        for lead in done
+        for f in followers.get(lead, ())
+        if d.rollout.pods[f].labels.get(groups.leader_label, "") == position
+    )
+
+
+def _part(
+    target: Target,
+    members: list[str],
+    called: list[str],
+    *,
+    stage: bool = False,
+    peers: tuple[str, ...] | None = None,
+) -> Target:
     chosen = set(members)
     return Target(
         version=target.version,
@@ -94,6 +128,7 @@ def _part(target: Target, members: list[str], called: list[str], *, stage: bool 
         kind=target.kind,
         may_call=target.may_call,
         stage=stage,
+        peers=peers,
     )
 
 

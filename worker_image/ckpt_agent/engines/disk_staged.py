@@ -105,8 +105,10 @@ class DiskStagedEngine:
         max_manifest_bytes: int = DEFAULT_MAX_MANIFEST_BYTES,
         parallelism: int = 1,
         relay: bool = True,
+        ranks: frozenset[int] | None = None,
     ) -> None:
         self.staging_root = staging_root
+        self.ranks = ranks
         self._http = EngineHttp(base_url, self.label)
         self._control_timeout = control_timeout
         self._update_timeout = update_timeout

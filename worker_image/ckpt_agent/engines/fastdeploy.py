@@ -129,6 +129,7 @@ class FastDeployEngine:
     # bytes per second (service.load_watch) would fail every load; FastDeploy's own timeout
     # bounds it.
     pulls_weights_itself = True
+    ranks: frozenset[int] | None = None  # FastDeploy reads the version itself
     # Its ranks hold a mix nobody can vouch for after a lost load: keep it paused until one succeeds.
     pauses_lost_weights = True
     relays_while_staging = False

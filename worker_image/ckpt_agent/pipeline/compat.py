@@ -34,6 +34,10 @@ def compatibility_problems(
     and dtype and every parameter is covered. `holds`: the dtypes the engine can hold at all
     (None: any); a tensor of another dtype is named first, with its dtype, whatever else is
     wrong, because no model of that engine could ever take it."""
+    ranked = sorted({f.rank for f in manifest.files.values() if f.rank is not None})
+    if ranked:
+        # Its ranks' files repeat every parameter name: one model holds one rank's at most.
+        return [f"the version is saved per tensor-parallel rank ({_listing_text([str(r) for r in ranked])})"]
     tensors = {t.name: t for t in manifest.tensors}
     problems = []
     if holds is not None:

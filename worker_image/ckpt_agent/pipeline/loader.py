@@ -83,6 +83,7 @@ class InProcessLoader:
 
     label = "the engine"
     pulls_weights_itself = False
+    ranks: frozenset[int] | None = None  # one process holds the whole model
     # A model whose apply failed refuses inference by itself (`WeightsTarget.applying`).
     pauses_lost_weights = False
 

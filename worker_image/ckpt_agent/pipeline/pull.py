@@ -59,12 +59,12 @@ def pull_into(
     A peer that fails part way (gone, stalled, wrong bytes) is dropped for the rest of the load:
     the tensors it delivered and that verified stay, the others come from the source."""
     verify = job.must_verify or relay is not None
-    landed: set[str] = set()
+    landed: set[tuple[str, str]] = set()  # TensorRecord.key
     lock = threading.Lock()
 
     def on_tensor(entry: TensorRecord, _buf: memoryview) -> None:
         with lock:
-            landed.add(entry.name)
+            landed.add(entry.key)
         if relay is not None:
             relay.mark_ready(entry)
 
@@ -100,7 +100,7 @@ def pull_into(
             exc.message,
             len(manifest.tensors) - len(landed),
         )
-        read(transport.source, [e for e in manifest.tensors if e.name not in landed])
+        read(transport.source, [e for e in manifest.tensors if e.key not in landed])
     if relay is not None:
         relay.finish()
 

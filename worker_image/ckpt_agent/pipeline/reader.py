@@ -98,9 +98,9 @@ def plan_runs(
     `max_run_bytes` splits long runs so several streams can be read in parallel. `only`: just
     these tensors (the rest of a load whose peer failed)."""
     runs: list[Run] = []
-    wanted = None if only is None else {e.name for e in only}
+    wanted = None if only is None else {e.key for e in only}
     for file, listed in manifest.by_file.items():
-        entries = listed if wanted is None else [e for e in listed if e.name in wanted]
+        entries = listed if wanted is None else [e for e in listed if e.key in wanted]
         current: list[TensorRecord] = []
         size = 0
         for entry in entries:

@@ -86,9 +86,9 @@ class RelayCopy:
         # Pipelined relay: the tensors verified so far, and how waiting readers learn of more.
         self.complete = True
         self.extras_ready = True
-        self._ready: set[str] = set()
+        self._ready: set[tuple[str, str]] = set()  # TensorRecord.key
         # Bytes of a tensor in the copy so far, before its verification (pipelined http relay).
-        self._landed: dict[str, int] = {}
+        self._landed: dict[tuple[str, str], int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Future[None] | None = None
 
@@ -120,14 +120,14 @@ class RelayCopy:
             for mirror in self._mirrors:
                 mirror(entry)
             with self._lock:
-                self._ready.add(entry.name)
+                self._ready.add(entry.key)
         self._wake()
 
     def mark_landed(self, entry: TensorRecord, nbytes: int) -> None:
         """The first `nbytes` of `entry` are in the copy, not verified yet (any thread). Lower than
         before when the load reads the tensor again (from the source, after its peer failed)."""
         with self._lock:
-            self._landed[entry.name] = nbytes
+            self._landed[entry.key] = nbytes
         self._wake()
 
     def add_mirror(self, mirror: Callable[[TensorRecord], None]) -> None:
@@ -148,16 +148,16 @@ class RelayCopy:
         self._wake()
 
     def is_ready(self, entry: TensorRecord) -> bool:
-        return self.complete or entry.name in self._ready
+        return self.complete or entry.key in self._ready
 
     def _available(self, entry: TensorRecord) -> int:
         """How many of `entry`'s bytes may be streamed: all once verified, else those landed."""
-        return entry.nbytes if self.is_ready(entry) else self._landed.get(entry.name, 0)
+        return entry.nbytes if self.is_ready(entry) else self._landed.get(entry.key, 0)
 
     def ready_between(self, file: str, start: int, end: int) -> bool:
         """Whether every tensor of `file` overlapping [start, end) may be served."""
         return self.complete or all(
-            e.name in self._ready
+            e.key in self._ready
             for e in self.manifest.by_file.get(file, [])
             if e.offset < end and e.end > start
         )

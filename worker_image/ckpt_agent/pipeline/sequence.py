@@ -25,7 +25,7 @@ from ckpt_agent.pipeline.reader import LoadProgress, fetch_manifest, read_extra_
 from ckpt_agent.pipeline.relay_copy import RelayCopy
 from ckpt_agent.pipeline.staging import TensorStore
 from ckpt_agent.transport import Transport, open_transport
-from ckpt_api.manifest import ManifestDocument
+from ckpt_api.manifest import ManifestDocument, share
 
 
 class Staging(PullTarget, Protocol):
@@ -68,6 +68,9 @@ class LoadSteps(Protocol):
     pauses_lost_weights: bool
     # Staged tensors can be relayed to peers as they arrive (the staging is a TensorStore).
     relays_while_staging: bool
+    # The tensor-parallel ranks this pod's engine runs: of a version saved per rank, the share
+    # they read is all that is pulled (None: every file).
+    ranks: frozenset[int] | None
     max_manifest_bytes: int
     chunk_bytes: int
     parallelism: int
@@ -118,6 +121,8 @@ async def run_load(steps: LoadSteps, job: LoadJob, gate: PauseGate, progress: Lo
         load.transport, load.manifest, load.digest, load.raw = await open_version(
             job, steps.max_manifest_bytes
         )
+        if steps.ranks is not None:
+            load.manifest = share(load.manifest, steps.ranks)
         verified = checksum_verified(job, load.transport)
     try:
         if load.manifest is not None:

@@ -30,17 +30,17 @@ class TensorStore(Protocol):
 
 class StagingArea:
     def __init__(self, manifest: ManifestDocument) -> None:
-        self._slots: dict[str, tuple[int, int]] = {}
+        self._slots: dict[tuple[str, str], tuple[int, int]] = {}
         cursor = 0
         for entry in manifest.tensors:
-            self._slots[entry.name] = (cursor, entry.nbytes)
+            self._slots[entry.key] = (cursor, entry.nbytes)
             cursor += -(-entry.nbytes // _ALIGN) * _ALIGN
         # np.empty: pages are only committed as tensors land, and large arenas get huge pages.
         self._arena = np.empty(max(cursor, 1), dtype=np.uint8)
         self._view = self._arena.data
 
     def buffer(self, entry: TensorRecord) -> memoryview:
-        start, nbytes = self._slots[entry.name]
+        start, nbytes = self._slots[entry.key]
         return self._view[start : start + nbytes]
 
     def regions(self) -> list[memoryview]:

@@ -157,7 +157,7 @@ class StagedDirectory:
         self._inode = self.path.stat().st_ino
         self._arrays: list[np.ndarray] = []
         self._maps: list[mmap.mmap] = []
-        self._where: dict[str, tuple[int, int]] = {}  # tensor -> (map index, offset)
+        self._where: dict[tuple[str, str], tuple[int, int]] = {}  # TensorRecord.key -> (map, offset)
         extra = dict(extra_files or {})
         needed = manifest.tensor_bytes + sum(len(c) for c in extra.values())
         try:
@@ -169,7 +169,7 @@ class StagedDirectory:
                 header, relative = encode_header(
                     [(e.name, e.dtype, e.shape, e.nbytes) for e in entries], metadata=_SHARD_METADATA
                 )
-                offsets = {e.name: len(header) + off for e, off in zip(entries, relative, strict=True)}
+                offsets = {e.key: len(header) + off for e, off in zip(entries, relative, strict=True)}
                 size = len(header) + sum(e.nbytes for e in entries)
                 with (self.path / file).open("w+b") as f:
                     try:
@@ -185,8 +185,8 @@ class StagedDirectory:
                     continue
                 self._maps.append(mapped)
                 self._arrays.append(np.frombuffer(mapped, dtype=np.uint8))
-                for name, off in offsets.items():
-                    self._where[name] = (len(self._maps) - 1, off)
+                for key, off in offsets.items():
+                    self._where[key] = (len(self._maps) - 1, off)
         except BaseException:
             self.release()
             raise
@@ -201,7 +201,7 @@ class StagedDirectory:
             )
 
     def buffer(self, entry: TensorRecord) -> memoryview:
-        index, off = self._where[entry.name]
+        index, off = self._where[entry.key]
         return self._arrays[index].data[off : off + entry.nbytes]
 
     def finish(self) -> Path:

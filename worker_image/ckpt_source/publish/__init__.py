@@ -39,6 +39,7 @@ from ckpt_api.manifest import (
     TensorRecord,
     encode_manifest,
     manifest_digest,
+    shard_rank,
 )
 from ckpt_api.versions import validate_version
 from ckpt_source.publish.hashing import Span, default_threads, hash_spans
@@ -189,7 +190,9 @@ def publish_version(
             format_version=FORMAT_VERSION if digest == "blake3" else 2,
             version=version,
             checksum=CHECKSUM_ALGORITHM,
-            files={f.name: ShardRecord(size=f.bytes) for f in files if f.kind == "shard"},
+            files={
+                f.name: ShardRecord(size=f.bytes, rank=shard_rank(f.name)) for f in files if f.kind == "shard"
+            },
             tensors=tuple(tensors),
             extra_files=extra_files,
             reference=reference,
@@ -261,7 +264,10 @@ def _build(
                 raise PublishError(f"{shard.path}: changed while it was published")
             shards.append((shard.name, placed))
         extras = [f.name for f in plan.extras]
-    if len(shards) > 1 and plan.index is None:
+    # A sharded_state checkpoint has no index: each rank reads its files by name, and the ranks'
+    # files repeat parameter names, which an index's weight map cannot hold.
+    ranked = any(shard_rank(name) is not None for name, _ in shards)
+    if len(shards) > 1 and plan.index is None and not ranked:
         index = generated_index(shards)
         (tmp / GENERATED_INDEX).write_bytes(index)
         extras.append(GENERATED_INDEX)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ckpt_api.manifest import MANIFEST_NAME, is_valid_file_name
+from ckpt_api.manifest import MANIFEST_NAME, is_valid_file_name, shard_rank
 from ckpt_source.safetensors_format import StoredTensor, read_header
 
 INDEX_SUFFIX = ".safetensors.index.json"
@@ -191,11 +191,21 @@ def _index_shards(path: Path, src: Path) -> set[str]:
 
 
 def _check_unique(shards: list[SourceShard]) -> None:
-    home: dict[str, str] = {}
+    """A tensor is in one shard; in a sharded_state checkpoint, in one shard per rank (the ranks'
+    files repeat parameter names), a shard without a rank counting for every rank."""
+    every: dict[str, str] = {}  # tensor -> shard, for shards without a rank
+    by_rank: dict[int, dict[str, str]] = {}
     for shard in shards:
+        rank = shard_rank(shard.name)
         for t in shard.tensors:
-            other = home.setdefault(t.name, shard.name)
-            if other != shard.name:
+            if rank is None:
+                other = every.get(t.name) or next((m[t.name] for m in by_rank.values() if t.name in m), None)
+                every.setdefault(t.name, shard.name)
+            else:
+                mine = by_rank.setdefault(rank, {})
+                other = mine.get(t.name) or every.get(t.name)
+                mine.setdefault(t.name, shard.name)
+            if other is not None and other != shard.name:
                 raise PublishError(
                     f"{shard.path}: tensor {t.name!r} is in more than one shard ({other} and {shard.name})"
                 )
