@@ -5,8 +5,8 @@ check answer anyone (a NaN version with valid checksums, rolled back by the chec
 Every answer must be exactly the old version's output or the new one's (both computed with numpy
 from the published directories), or the documented refusal while the apply holds the engine
 paused (503 `EngineUnavailable`). The hammering must really overlap the apply: old answers after
-the update was sent, refusals from the paused window (a streamed apply's; a staged one pauses for
-one copy, too short to be hit for sure), new answers after; and once any client has
+the update was sent, refusals (if any: the pause is tens of ms) only within the load, new answers
+after; and once any client has
 seen the new version, no request sent later is answered with the old one.
 """
 
@@ -153,9 +153,7 @@ def _by_kind(answers: list[Answer], outputs: dict[str, list[float]]) -> dict[str
     return by_kind
 
 
-async def test_every_answer_is_a_whole_version_while_an_apply_runs(
-    agent_url: str, big_tree: Tree, request: pytest.FixtureRequest
-) -> None:
+async def test_every_answer_is_a_whole_version_while_an_apply_runs(agent_url: str, big_tree: Tree) -> None:
     outputs = {v: big_tree.expected(v) for v in ("old", "new")}
     assert not close_to(outputs["old"], outputs["new"]), "the two versions must be told apart"
     run = await _hammer_through(agent_url, lambda client: client.update_sync("new", verify_checksum=True))
@@ -172,14 +170,12 @@ async def test_every_answer_is_a_whole_version_while_an_apply_runs(
     assert mislabelled == [], f"answers naming another version than computed them: {mislabelled[:3]}"
     # Refused only while the load ran: the pause is the apply's, taken and released within it.
     assert all(update_sent < a.received and a.sent < update_done for a in by_kind["refused"])
-    # The hammering overlapped the apply: old weights served after the update was sent, the
-    # paused apply hit, new weights after.
+    # The hammering overlapped the apply: old weights served after the update was sent, new
+    # weights after.
     assert any(a.received > update_sent for a in by_kind["old"]), counts
-    if request.node.callspec.params["agent_url"] == "streamed":
-        # The whole read-verify-apply holds traffic: seconds, which every client hits. A staged
-        # apply holds it for one copy of the arena (tens of ms), less than a forward pass takes
-        # on a loaded machine, so whether a request lands inside it there is chance.
-        assert counts["refused"] > 0, counts
+    # Not required: a refused request. The apply holds traffic for tens of ms in either mode (one
+    # copy into the parameters), less than a forward pass takes on a loaded machine, so whether
+    # a request lands inside that window is chance (a loaded CI run saw 0 of 38 answers there).
     assert counts["new"] >= CLIENTS * SETTLED_ANSWERS, counts
     # Linearizable: once the new version answered anyone, no later request gets the old one.
     first_new = min(a.received for a in by_kind["new"])

@@ -1,4 +1,4 @@
-"""`python -m ckpt_e2e.bench release|dataplane|fleet|controlplane`: the benchmark commands of a
+"""`python -m ckpt_e2e.bench release|dataplane|fleet|gang|controlplane`: the benchmark commands of a
 development checkout, apart from the product's `ckpt-rollout`. Handlers import their bench
 lazily, so `--help` imports none."""
 
@@ -25,6 +25,12 @@ def _bench_fleet(args: argparse.Namespace) -> int:
     from ckpt_e2e.bench.fleet import main_fleet
 
     return main_fleet(args)
+
+
+def _bench_gang(args: argparse.Namespace) -> int:
+    from ckpt_e2e.bench.gang import main_gang
+
+    return main_gang(args)
 
 
 def _bench_release(args: argparse.Namespace) -> int:
@@ -90,6 +96,17 @@ def _add_dataplane_and_fleet(bench_sub: SubParsers) -> None:
         help='relay waves: default = [1, "100%%"] (canary, then one pipelined wave); doubling = 1, 2, 4, ...',
     )
     p.set_defaults(func=_bench_fleet)
+
+    p = _add_netns_bench(
+        bench_sub,
+        "gang",
+        "one multi-node replica staging a per-rank (sharded_state) version: whole vs its ranks' share (root)",
+        hosts=4,
+        size_mb=64,
+        size_help="version size (sharded_state, 1 MiB tensors)",
+    )
+    p.add_argument("--ranks-per-host", type=int, default=2, help="tensor-parallel ranks each pod runs")
+    p.set_defaults(func=_bench_gang)
 
 
 def build_parser() -> argparse.ArgumentParser:

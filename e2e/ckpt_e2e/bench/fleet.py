@@ -142,16 +142,19 @@ class BenchNetwork:
 
 
 @contextmanager
-def bench_network(hosts: int, link_mbps: float, root: Path, logdir: Path) -> Iterator[BenchNetwork]:
-    """The benches' network: a source serving `root` and `hosts` members, each behind a link
-    capped at `link_mbps`, an uncapped control member, and the goodput sink on the first member.
-    Its processes and namespaces are removed on exit, failure and SIGINT/SIGTERM."""
+def bench_network(
+    hosts: int, link_mbps: float, root: Path, logdir: Path, source_mbps: float | None = None
+) -> Iterator[BenchNetwork]:
+    """The benches' network: a source serving `root` behind a link capped at `source_mbps`
+    (unset: `link_mbps`) and `hosts` members, each behind a link capped at `link_mbps`, an
+    uncapped control member, and the goodput sink on the first member. Its processes and
+    namespaces are removed on exit, failure and SIGINT/SIGTERM."""
     procs = Processes()
     topo: Topology | None = None
     try:
         with signals_raise():
             topo = Topology()
-            src = topo.add("src", link_mbps)
+            src = topo.add("src", source_mbps or link_mbps)
             ctl = topo.add("ctl", None)
             members = [topo.add(f"h{i}", link_mbps) for i in range(hosts)]
             serve = [sys.executable, "-m", "ckpt_agent", "serve", str(root), "--host", src.ip,
