@@ -75,7 +75,7 @@ def run_gang(
                     argv = member_argv(m.ip, port, staging, sharing)
                     net.procs.start(m.exec_argv(argv), Path(tmp) / f"{m.name}-{port}.log")
                     urls.append(f"http://{m.ip}:{port}")
-            log(f"gang: one replica of {hosts} pods, {ranks} ranks, {size_mb} MiB, links {link_mbps:g} Mbit/s")
+            log(f"gang: {hosts} pods, {ranks} ranks, {size_mb} MiB, links {link_mbps:g} Mbit/s")
             cfg = {
                 "whole": whole,
                 "share": share,
