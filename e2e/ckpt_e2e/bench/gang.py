@@ -48,7 +48,7 @@ def sharded_state(directory: Path, ranks: int, size_mb: int, seed: int) -> None:
 
 def member_argv(ip: str, port: int, staging: Path, ranks: str | None) -> list[str]:
     argv = [sys.executable, "-m", "ckpt_agent", "agent", "--engine", "member", "--host", ip,
-            "--port", str(port), "--no-auth", "--plain-http", "--log-level", "warning",
+            "--port", str(port), "--metrics-port", "0", "--no-auth", "--plain-http", "--log-level", "warning",
             "--staging-dir", str(staging)]  # fmt: skip
     return [*argv, "--ranks", ranks] if ranks else argv
 
