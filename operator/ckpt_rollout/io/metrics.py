@@ -56,12 +56,16 @@ AGENT_CALL_SECONDS.labels("update_weights")
 
 _CR = ["namespace", "name"]
 PHASE = Gauge("ckpt_rollout_phase", "1 for the current phase of each CheckpointRollout", [*_CR, "phase"])
-REPLICAS = Gauge("ckpt_rollout_replicas", "Worker pods the CheckpointRollout selects (status.replicas)", _CR)
+REPLICAS = Gauge(
+    "ckpt_rollout_replicas",
+    "Replicas the CheckpointRollout selects: pods, or whole multi-node replicas (status.replicas)",
+    _CR,
+)
 UPDATED = Gauge(
-    "ckpt_rollout_updated_replicas", "Pods serving the target version (status.updatedReplicas)", _CR
+    "ckpt_rollout_updated_replicas", "Replicas serving the target version (status.updatedReplicas)", _CR
 )
 FAILED = Gauge(
-    "ckpt_rollout_failed_replicas", "Pods whose load of the target failed (status.failedReplicas)", _CR
+    "ckpt_rollout_failed_replicas", "Replicas whose load of the target failed (status.failedReplicas)", _CR
 )
 CURRENT_WAVE = Gauge("ckpt_rollout_current_wave", "Spec waves completed (status.currentWave)", _CR)
 TOTAL_WAVES = Gauge("ckpt_rollout_waves", "Waves in spec.strategy.waves (status.totalWaves)", _CR)
