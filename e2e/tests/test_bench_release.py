@@ -4,40 +4,15 @@ control namespace; everything it made is gone afterwards. Needs root (network na
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-from ckpt_e2e.bench.netns import NS_PREFIX
+from ckpt_e2e.bench.smoke import NETNS_BENCH, namespaces_left, run_bench
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.bench,
-    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root"),
-]
-
-
-def _ours(prefix: str) -> list[str]:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
-    return [line.split()[0] for line in out.splitlines() if line.startswith(prefix)]
+pytestmark = NETNS_BENCH
 
 
 def test_bench_release_smoke() -> None:
-    bench = subprocess.Popen(
-        [sys.executable, "-m", "ckpt_e2e.bench", "release", "--hosts", "2", "--size-mb", "24",
-         "--link-mbps", "400", "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        stdout, stderr = bench.communicate(timeout=400)
-    except subprocess.TimeoutExpired:
-        bench.terminate()  # the bench removes its namespaces and processes on SIGTERM
-        stdout, stderr = bench.communicate(timeout=60)
-    assert bench.returncode == 0, stderr[-3000:]
-    r = json.loads(stdout.strip().splitlines()[-1])
+    r, pid = run_bench("release", "--hosts", "2", "--size-mb", "24", "--link-mbps", "400", timeout=400)
     assert (r["hosts"], r["waves"]) == (2, ["100%"])
     assert r["size_mb"] >= 24
     # The trainer's step in order: published, then one replica serves it, then both; the CR says
@@ -52,4 +27,4 @@ def test_bench_release_smoke() -> None:
     assert r["s_over_bw_s"] == pytest.approx(
         r["size_mb"] * 2**20 * 8 / (r["link_goodput_mbps"] * 1e6), rel=0.01
     )
-    assert _ours(f"{NS_PREFIX}{bench.pid}-") == [], "the bench left namespaces behind"
+    assert namespaces_left(pid) == [], "the bench left namespaces behind"

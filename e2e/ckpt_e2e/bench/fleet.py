@@ -288,14 +288,22 @@ def format_report(r: dict[str, Any]) -> str:
 
 
 def main_fleet(args: argparse.Namespace) -> int:
-    if refused("fleet", args):
-        return 2
-    return report_run(
+    return main_netns_bench(
         "fleet",
+        args,
         lambda: run_fleet(args.hosts, args.link_mbps, args.size_mb, args.dir, args.waves),
         format_report,
-        args.json,
     )
+
+
+def main_netns_bench(
+    bench: str,
+    args: argparse.Namespace,
+    run: Callable[[], dict[str, Any]],
+    report: Callable[[dict[str, Any]], str],
+) -> int:
+    """A network-namespace bench's command: refused where it cannot run, else `report_run`."""
+    return 2 if refused(bench, args) else report_run(bench, run, report, args.json)
 
 
 def refused(bench: str, args: argparse.Namespace) -> bool:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
-from ckpt_e2e.bench.fleet import SINK_PORT, bench_network, log, refused, report_run, run_controller
+from ckpt_e2e.bench.fleet import SINK_PORT, bench_network, log, main_netns_bench, run_controller
 from ckpt_e2e.bench.netns import sweep_stale
 from ckpt_source.publish import publish
 
@@ -123,11 +123,9 @@ def format_report(r: dict[str, Any]) -> str:
 
 
 def main_gang(args: argparse.Namespace) -> int:
-    if refused("gang", args):
-        return 2
-    return report_run(
+    return main_netns_bench(
         "gang",
+        args,
         lambda: run_gang(args.hosts, args.link_mbps, args.size_mb, args.ranks_per_host, args.dir),
         format_report,
-        args.json,
     )
