@@ -260,9 +260,14 @@ def share(doc: ManifestDocument, ranks: frozenset[int]) -> ManifestDocument:
         return doc
     files = {name: f for name, f in doc.files.items() if f.rank is None or f.rank in ranks}
     tensors = tuple(t for t in doc.tensors if t.file in files)
-    return doc.model_copy(
+    part = doc.model_copy(
         update={"files": files, "tensors": tensors, "total_bytes": sum(t.nbytes for t in tensors)}
     )
+    # model_copy copies what the whole document had cached (by_file) along with its fields.
+    for name, attr in vars(ManifestDocument).items():
+        if isinstance(attr, cached_property):
+            part.__dict__.pop(name, None)
+    return part
 
 
 class ExtraFileRecord(_Digested):

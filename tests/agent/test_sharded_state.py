@@ -80,7 +80,9 @@ def test_the_manifest_takes_a_name_once_per_rank_and_a_rankless_shard_counts_for
 
 def test_a_share_is_its_ranks_shards_and_every_shared_file(ranked_root: Path) -> None:
     doc = parse_document((ranked_root / "v1" / "manifest.json").read_bytes())
+    assert len(doc.by_file) == RANKS  # cached on the whole document first
     mine = share(doc, frozenset({2, 3}))
+    assert sorted(mine.by_file) == sorted(mine.files)
     assert sorted(mine.files) == ["model-rank-2-part-0.safetensors", "model-rank-3-part-0.safetensors"]
     assert {t.key for t in mine.tensors} == {(f, n) for f in mine.files for n in ("w", "b")}
     assert mine.total_bytes == doc.total_bytes // 2
