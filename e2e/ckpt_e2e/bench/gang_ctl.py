@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Any
 
-from ckpt_e2e.bench.fleet_ctl import tcp_goodput, wait_healthy, wave
+from ckpt_e2e.bench.fleet_ctl import _call, tcp_goodput, wait_healthy, wave
 
 
 def _stage(agents: list[str], source: str, version: str, limit_s: float) -> tuple[float, list[int]]:
@@ -28,7 +28,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     limit = float(cfg["limit_s"])
     goodput = tcp_goodput(cfg["sink_host"], cfg["sink_port"], cfg["goodput_bytes"])
     wait_healthy([source, *whole, *share], limit)
-    manifest = json.loads(_get(f"{source}/{cfg['versions'][0]}/manifest.json"))
+    manifest = _call("GET", f"{source}/{cfg['versions'][0]}/manifest.json")
     whole_s, whole_bytes = _stage(whole, source, cfg["versions"][0], limit)
     share_s, share_bytes = _stage(share, source, cfg["versions"][1], limit)
     return {
@@ -39,14 +39,6 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         "share_s": share_s,
         "share_bytes": share_bytes,
     }
-
-
-def _get(url: str) -> bytes:
-    import urllib.request
-
-    # Only the http:// URL of the bench's own source reaches here.
-    with urllib.request.urlopen(url, timeout=30) as resp:
-        return bytes(resp.read())
 
 
 if __name__ == "__main__":
