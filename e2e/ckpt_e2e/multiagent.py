@@ -35,6 +35,7 @@ from ckpt_agent.server.auth import StaticTokenAuthenticator
 from ckpt_agent.server.httpserver import AppServer
 from ckpt_agent.service.reporting import DisabledReporter, KubeReporter, StatusReporter
 from ckpt_agent.service.service import AgentService
+from ckpt_api import event_loop
 from ckpt_api.constants import DEFAULT_AGENT_PORT
 from ckpt_api.vocabulary import LoadResult, WorkerPhase
 
@@ -222,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         report=args.report,
         load_seconds=args.load_seconds,
     )
-    asyncio.run(_serve(host, args.stats_port))
+    event_loop.run(_serve(host, args.stats_port))
     return 0
 
 

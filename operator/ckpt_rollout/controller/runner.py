@@ -9,6 +9,7 @@ if TYPE_CHECKING:
     # kopf.run's parameter type, a NewType of str it does not export.
     from kopf._core.engines.peering import Identity
 
+from ckpt_api.event_loop import new_event_loop
 from ckpt_rollout.controller.config import OperatorConfig, add_operator_arguments, agent_ca, config_from_args
 
 
@@ -55,6 +56,7 @@ def run_operator(config: OperatorConfig) -> int:
         # without a passwd entry, as the chart's 65532 is in the image and any runAsUser may be.
         identity=cast("Identity", operator_identity()),
         memo=kopf.Memo(config=config),
+        loop=new_event_loop(),
     )
     return 0
 
