@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ckpt_agent.common.logformat import FORMATS, setup_logging
-from ckpt_api import event_loop
+from ckpt_api import process_runtime
 
 if TYPE_CHECKING:
     from ckpt_agent.settings import AgentSettings
@@ -135,7 +135,8 @@ def _serve(args: argparse.Namespace) -> int:
             return 1
         exports = directory_exports(engine, root, DEFAULT_MAX_MANIFEST_BYTES, keep=args.mooncake_keep)
     server = AppServer(create_source_app(root, exports), args.host, args.port)
-    event_loop.run(serve_until_signalled(server, f"serving {root} on", announce))
+    process_runtime.freeze_start_up()
+    process_runtime.run(serve_until_signalled(server, f"serving {root} on", announce))
     return 0
 
 
@@ -269,7 +270,8 @@ def _agent(args: argparse.Namespace) -> int:
     from ckpt_agent.engines.disk_staged import EngineMisconfigured
 
     try:
-        event_loop.run(_agent_main(config, announce))
+        process_runtime.freeze_start_up()
+        process_runtime.run(_agent_main(config, announce))
     except (ConfigError, EngineMisconfigured, BootCheckpointError) as exc:
         # A key file that cannot be read, an engine that cannot do what the agent needs, or
         # boot weights the engine cannot hold.

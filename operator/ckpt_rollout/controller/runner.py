@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     # kopf.run's parameter type, a NewType of str it does not export.
     from kopf._core.engines.peering import Identity
 
-from ckpt_api.event_loop import new_event_loop
+from ckpt_api import process_runtime
 from ckpt_rollout.controller.config import OperatorConfig, add_operator_arguments, agent_ca, config_from_args
 
 
@@ -46,6 +46,7 @@ def run_operator(config: OperatorConfig) -> int:
         with liveness_while_standby(config.liveness_host, config.liveness_port):
             elector.acquire()
         elector.keep_renewing()
+    process_runtime.tune_gc()
     kopf.run(
         clusterwide=not config.namespaces,
         namespaces=config.namespaces,
@@ -56,7 +57,7 @@ def run_operator(config: OperatorConfig) -> int:
         # without a passwd entry, as the chart's 65532 is in the image and any runAsUser may be.
         identity=cast("Identity", operator_identity()),
         memo=kopf.Memo(config=config),
-        loop=new_event_loop(),
+        loop=process_runtime.new_event_loop(),
     )
     return 0
 
