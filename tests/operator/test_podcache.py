@@ -12,6 +12,8 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
+from ckpt_api.vocabulary import WEIGHTS_READY_CONDITION
+from ckpt_rollout.domain.world import WeightsSignal
 from ckpt_rollout.io.podcache import PodCache, running_pod
 
 
@@ -20,6 +22,27 @@ def _pod(name: str, ip: str | None = "127.1.0.1", phase: str = "Running", **meta
         "metadata": {"name": name, "namespace": "rl", "labels": {"app": "w"}, **meta},
         "status": {"phase": phase, **({"podIP": ip} if ip else {})},
     }
+
+
+def _weights(name: str, status: str, reason: str) -> dict[str, Any]:
+    pod = _pod(name)
+    conditions = [
+        {"type": "Ready", "status": "True"},
+        {"type": WEIGHTS_READY_CONDITION, "status": status, "reason": reason, "message": f"{reason} v2"},
+    ]
+    return {**pod, "status": {**pod["status"], "conditions": conditions}}
+
+
+async def test_a_pods_weights_ready_condition_is_kept_as_its_doorbell() -> None:
+    cache = PodCache(client.ApiClient(), ["rl"])
+    cache.apply("ADDED", _pod("a"))
+    assert cache.get("rl")[0].weights is None, "no agent wrote it"
+    cache.apply("MODIFIED", _weights("a", "False", "Loading"))
+    assert cache.get("rl")[0].weights == WeightsSignal(False, "Loading", "Loading v2")
+    cache.apply("MODIFIED", _weights("a", "True", "Loaded"))
+    signal = cache.get("rl")[0].weights
+    assert signal == WeightsSignal(True, "Loaded", "Loaded v2")
+    assert not signal.loading
 
 
 def test_only_running_pods_with_an_ip_that_are_not_deleted_count() -> None:
@@ -170,6 +193,7 @@ async def test_watch_events_update_the_cache(standin: tuple[StandIn, client.ApiC
     ("kind", "pod", "wakes"),
     [
         ("MODIFIED", _pod("a", "127.1.0.1"), False),  # a condition or other status changed
+        ("MODIFIED", _weights("a", "False", "Loading"), False),  # a doorbell, kept unwoken
         ("MODIFIED", _pod("a", "127.1.0.7"), True),  # a new IP: calls go elsewhere
         ("MODIFIED", {**_pod("a"), "metadata": {"name": "a", "namespace": "rl", "labels": {}}}, True),
         ("MODIFIED", _pod("a", phase="Failed"), True),  # no longer callable

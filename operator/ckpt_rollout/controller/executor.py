@@ -162,7 +162,7 @@ class Reconciler:
         patch = merge_diff(rollout.status.to_wire(), plan.status.to_wire())
         if patch:
             obj = await self.api.patch_status(meta.namespace, meta.name, patch)
-        remember(memory, plan, now.mono)  # only once the plan's status is stored
+        remember(memory, plan, now.mono, rollout.pods)  # only once the plan's status is stored
         metrics.observe_rollout((meta.namespace, meta.name), rollout.spec, plan.status)
         for event in plan.events:
             emit(event.type, event.reason, event.message)
@@ -254,8 +254,9 @@ class Reconciler:
         memory.measured = (plan.measurement.key, await promquery.measure(plan.measurement))
 
 
-def remember(memory: Memory, plan: Plan, now: float) -> None:
-    """What the plan says about Memory, once its status is stored."""
+def remember(memory: Memory, plan: Plan, now: float, pods: Mapping[str, Pod] | None = None) -> None:
+    """What the plan says about Memory, once its status is stored. ``pods``: the step's pods, whose
+    WeightsReady conditions are noted as they were when their agents are asked."""
     if plan.reset_memory:
         memory.reset()
     for name in plan.first_seen:
@@ -266,6 +267,9 @@ def remember(memory: Memory, plan: Plan, now: float) -> None:
     for call in plan.calls:
         memory.lost.discard(call.pod)
         memory.busy_until.pop(call.pod, None)
+    for name in [c.pod for c in plan.calls] + [p.pod for p in plan.pulls]:
+        pod = (pods or {}).get(name)
+        memory.asked[name] = pod.weights if pod is not None else None
 
 
 def record_call(

@@ -210,7 +210,18 @@ def _check_waiting(d: Draft, target: Target, waiting: list[str], pulling: bool) 
         else:
             every = tuning.pull_every_s
         last = memory.last_pull.get(name)
-        if last is not None:
+        rang = _doorbell(d, name) if pulling else None
+        if rang is False:
+            # Its agent says it is loading: the condition's next write (the load ended) rings;
+            # only a lost write leaves it to the slow schedule.
+            contact = last if last is not None else called_at
+            if now < contact + tuning.pull_loading_s:
+                d.wake(min(every, contact + tuning.pull_loading_s - now))  # to hear it ring
+                continue
+            due_at = now
+        elif rang:
+            due_at = now
+        elif last is not None:
             due_at = last + every
         elif name in d.plan.first_seen:
             due_at = now  # called before a restart: whether it saw the call is unknown
@@ -230,6 +241,20 @@ def _check_waiting(d: Draft, target: Target, waiting: list[str], pulling: bool) 
         else:
             d.wake(due_at - now)
     return recall
+
+
+def _doorbell(d: Draft, name: str) -> bool | None:
+    """What a pulled member's WeightsReady condition says once its agent was asked: False, it
+    loads (the pull waits for the next write); True, it changed since and no longer says Loading
+    (worth a pull now); None, unchanged, absent or never asked (the pull schedule decides)."""
+    if name not in d.memory.asked:
+        return None
+    signal = d.rollout.pods[name].weights
+    if signal is None:
+        return None
+    if signal.loading:
+        return False
+    return True if signal != d.memory.asked[name] else None
 
 
 def cancel_loads(d: Draft, version: str | None) -> None:

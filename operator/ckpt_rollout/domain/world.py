@@ -8,6 +8,7 @@ from typing import Any
 
 from ckpt_api.source_policy import SourceRule
 from ckpt_api.status import WorkerStatus
+from ckpt_api.vocabulary import WeightsReadyReason
 from ckpt_rollout.domain.troubles import Trouble
 
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
@@ -32,12 +33,27 @@ def agent_url(ip: str, port: int, *, tls: bool) -> str:
 
 
 @dataclass(frozen=True)
+class WeightsSignal:
+    """The pod's WeightsReady condition as its agent last wrote it. Not an outcome (anyone who
+    may patch pods/status could write it): a doorbell that says when asking the agent is worth it."""
+
+    ready: bool
+    reason: str
+    message: str
+
+    @property
+    def loading(self) -> bool:
+        return self.reason == WeightsReadyReason.LOADING
+
+
+@dataclass(frozen=True)
 class Pod:
     name: str
     ip: str
     labels: Mapping[str, str]
     uid: str = ""  # "" where unknown (tests that build pods by hand)
     group_size: int | None = None  # its replica's pod count, as LeaderWorkerSet annotates it
+    weights: WeightsSignal | None = None  # None: its agent never wrote the condition
 
 
 @dataclass(frozen=True)
@@ -86,6 +102,10 @@ class Tuning:
     push_max_wave: int = 8
     pull_first_s: float = 0.25
     pull_rate: float = 500.0
+    # A pulled member whose pod's WeightsReady condition says Loading is not pulled on the
+    # schedule above: the condition's next change (the load ended) is its doorbell. Pulled at
+    # least this often all the same, should that write be lost.
+    pull_loading_s: float = 30.0
     # spec.strategy.analysis: where Prometheus is when the CR names none (--prometheus-url), and
     # the limit on one measurement's queries.
     prometheus_url: str | None = None
@@ -121,6 +141,9 @@ class Memory:
     troubles: dict[str, Trouble] = field(default_factory=dict)
     # "pod/version" of the followers' confirms sent (ckpt_rollout.domain.gang), whatever answered.
     confirmed: set[str] = field(default_factory=set)
+    # The pod's WeightsReady condition as it was when its agent was last called or pulled: a
+    # change since is the agent's doorbell (Tuning.pull_loading_s).
+    asked: dict[str, WeightsSignal | None] = field(default_factory=dict)
 
     def reset(self) -> None:
         self.call_times.clear()
@@ -133,3 +156,4 @@ class Memory:
         self.measured = None
         self.troubles.clear()
         self.confirmed.clear()
+        self.asked.clear()

@@ -4,10 +4,13 @@ This replaces a kopf index on pods: kopf runs every pod event through its per-ob
 machinery (a worker task, a diff base deep copy, handler matching) and holds back every
 handler until the initial list has been through it. With 5000 worker pods that was minutes
 of CPU before the first rollout step, and hundreds of MB. A rollout only needs each pod's
-name, IP and labels (and LeaderWorkerSet's group size), so that is all this keeps.
+name, IP and labels (and LeaderWorkerSet's group size), so that is all this keeps, with its
+WeightsReady condition: the doorbell of a pulled wave (ckpt_rollout.domain.drive), which wakes no
+daemon (each load flips it twice, on every pod of a wave).
 """
 
 import asyncio
+import dataclasses
 import functools
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,8 +18,8 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from ckpt_api.spec import LWS_SIZE_ANNOTATION
-from ckpt_api.vocabulary import PodPhase
-from ckpt_rollout.domain.world import Pod
+from ckpt_api.vocabulary import WEIGHTS_READY_CONDITION, ConditionStatus, PodPhase
+from ckpt_rollout.domain.world import Pod, WeightsSignal
 from ckpt_rollout.io.reflector import Reflector
 
 
@@ -62,7 +65,25 @@ def running_pod(obj: dict[str, Any]) -> Pod | None:
         labels=dict(meta.get("labels") or {}),
         uid=meta.get("uid") or "",
         group_size=group_size((meta.get("annotations") or {}).get(LWS_SIZE_ANNOTATION)),
+        weights=weights_signal(status.get("conditions")),
     )
+
+
+def weights_signal(conditions: object) -> WeightsSignal | None:
+    """The pod's WeightsReady condition, if its agent wrote one."""
+    for c in conditions if isinstance(conditions, list) else ():
+        if isinstance(c, dict) and c.get("type") == WEIGHTS_READY_CONDITION:
+            return WeightsSignal(
+                ready=c.get("status") == ConditionStatus.TRUE,
+                reason=str(c.get("reason") or ""),
+                message=str(c.get("message") or ""),
+            )
+    return None
+
+
+def _read_by_rollouts(pod: Pod | None) -> Pod | None:
+    """What a change of wakes the daemons: the pod without its doorbell."""
+    return dataclasses.replace(pod, weights=None) if pod is not None else None
 
 
 def group_size(annotation: object) -> int | None:
@@ -113,11 +134,11 @@ class PodCache:
         pod = None if kind == "DELETED" else running_pod(obj)
         # Most pod events (conditions, other status) change nothing a rollout reads: only
         # a pod that comes, goes or changes its IP or labels wakes the daemons, or one not
-        # running yet whose startup state changes.
+        # running yet whose startup state changes. Its WeightsReady condition is kept, unwoken.
         if pod is None:
             changed = pods.pop(meta.get("name", ""), None) is not None
         else:
-            changed = pods.get(pod.name) != pod
+            changed = _read_by_rollouts(pods.get(pod.name)) != _read_by_rollouts(pod)
             pods[pod.name] = pod
         changed = self._note_waiting(namespace, kind, obj, pod is None) or changed
         if changed:
