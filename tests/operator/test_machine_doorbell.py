@@ -12,7 +12,7 @@ from machine_kit import BIG, NOW, TUNING, Case, progressing, rollout, table_test
 from ckpt_api.vocabulary import Phase, WeightsReadyReason
 from ckpt_rollout.controller.executor import remember
 from ckpt_rollout.domain.machine import State, decide
-from ckpt_rollout.domain.plan import Pull, Rollout
+from ckpt_rollout.domain.plan import Plan, Pull, Rollout
 from ckpt_rollout.domain.world import Memory, WeightsSignal
 
 LOADING = WeightsSignal(False, WeightsReadyReason.LOADING, "loading v2")
@@ -33,6 +33,11 @@ def called(ago: float, **more: object) -> Memory:
     return Memory(call_times=dict.fromkeys(BIG, NOW.mono - ago), **more)  # type: ignore[arg-type]
 
 
+def listens(plan: Plan) -> bool:
+    """Whether a WeightsReady change is worth a look before the plan's wake-up."""
+    return plan.doorbell
+
+
 def asked(signal: WeightsSignal | None) -> dict[str, WeightsSignal | None]:
     return dict.fromkeys(BIG, signal)
 
@@ -45,6 +50,8 @@ CASES = [
         Phase.PROGRESSING,
         wake=EVERY,  # looked at again on the schedule, to hear a doorbell
         memory=called(4, asked=asked(None)),
+        observe=listens,
+        observed=True,
     ),
     Case(
         "a-member-whose-condition-says-the-load-ended-is-pulled-at-once-alone",
@@ -54,6 +61,8 @@ CASES = [
         pulls=[RUNG],
         wake=EVERY,
         memory=called(4, asked=asked(None)),
+        observe=listens,
+        observed=True,
     ),
     Case(
         "a-rung-member-is-pulled-before-its-schedule-says",
@@ -72,6 +81,8 @@ CASES = [
         pulls=BIG,  # should the write that rings have been lost
         wake=TUNING.pull_every_s,
         memory=called(TUNING.pull_loading_s + 1, asked=asked(None)),
+        observe=listens,
+        observed=False,
     ),
     Case(
         "the-slow-schedule-runs-from-the-last-pull",
@@ -90,6 +101,8 @@ CASES = [
         Phase.PROGRESSING,
         wake=0.5,  # called 4 s ago: every 2 s, and the last pull was 1.5 s ago
         memory=called(4, asked=asked(STALE), last_pull=dict.fromkeys(BIG, NOW.mono - 1.5)),
+        observe=listens,
+        observed=False,
     ),
     Case(
         "unasked-members-after-a-restart-are-pulled-at-once",
@@ -98,6 +111,8 @@ CASES = [
         Phase.PROGRESSING,
         pulls=BIG,  # whether they saw the call is unknown
         wake=TUNING.pull_first_s,
+        observe=listens,
+        observed=False,
     ),
 ]
 

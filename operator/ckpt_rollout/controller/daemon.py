@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 RETRY_S = 2.0  # after an API error or an unreachable apiserver
 REJECTED_RETRY_S = 10.0  # after a spec or status the models reject
 WAITING_LOOK_S = 5.0  # while pods of the namespace are not Running yet
+# After a pulled member's doorbell (its pod's WeightsReady changed), the rings of this long are
+# heard by one step: a wave's members end their loads within moments of each other.
+DOORBELL_GATHER_S = 0.2
 
 
 class Waker:
@@ -39,20 +42,28 @@ class Waker:
 
     def __init__(self) -> None:
         self.event = asyncio.Event()
+        self.rung = asyncio.Event()  # a pod's WeightsReady condition changed (PodCache.listen)
         self.written: int | None = None  # resourceVersion of our last patch
 
     def cr_changed(self, body: kopf.Body) -> None:
         if resource_version(body) != self.written:
             self.event.set()
 
-    async def sleep(self, stopped: kopf.DaemonStopped, delay: float | None) -> None:
-        """Until woken, stopped, or ``delay`` seconds (None: no timer)."""
+    async def sleep(
+        self, stopped: kopf.DaemonStopped, delay: float | None, *, doorbell: bool = False
+    ) -> None:
+        """Until woken, stopped, or ``delay`` seconds (None: no timer); with ``doorbell``, also
+        shortly after a pod's WeightsReady condition changes."""
         waits = [asyncio.ensure_future(self.event.wait()), asyncio.ensure_future(stopped.wait(delay))]
+        if doorbell:
+            waits.append(asyncio.ensure_future(self.rung.wait()))
         try:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for wait in waits:
                 wait.cancel()
+        if doorbell and self.rung.is_set() and not self.event.is_set() and not stopped:
+            await stopped.wait(DOORBELL_GATHER_S)
 
 
 class RolloutLoops:
@@ -89,6 +100,7 @@ class RolloutLoops:
         key = (namespace, name)
         waker = self.wakers[key] = Waker()
         self.pods.subscribe(namespace, waker.event)
+        self.pods.listen(namespace, waker.rung)
         source: list[Key] = []  # the ConfigMap followed for spec.versionFrom, if any
         memory = Memory()
 
@@ -100,6 +112,7 @@ class RolloutLoops:
             written: dict[str, Any] | None = None  # what our last status patch returned
             while not stopped:
                 waker.event.clear()
+                waker.rung.clear()  # the step reads every pod's condition as it is now
                 delay: float | None
                 try:
                     # kopf keeps `body` live from its watch: no GET per step, and a finished
@@ -142,12 +155,13 @@ class RolloutLoops:
                     log.error("%s/%s: spec or status rejected by the models: %s", namespace, name, exc)
                     delay = REJECTED_RETRY_S
                 if delay is None or delay > 0:
-                    await waker.sleep(stopped, delay)
+                    await waker.sleep(stopped, delay, doorbell=memory.doorbell)
         finally:
             # Deleted, or handed to another replica: its gauges must not outlive the loop (a
             # stale Failed phase would keep an alert firing).
             metrics.forget(key)
             self.pods.unsubscribe(namespace, waker.event)
+            self.pods.unlisten(namespace, waker.rung)
             for followed in source:
                 self.configmaps.unfollow(followed, waker.event)
             self.wakers.pop(key, None)

@@ -267,6 +267,7 @@ def remember(memory: Memory, plan: Plan, now: float, pods: Mapping[str, Pod] | N
     for call in plan.calls:
         memory.lost.discard(call.pod)
         memory.busy_until.pop(call.pod, None)
+    memory.doorbell = plan.doorbell
     for name in [c.pod for c in plan.calls] + [p.pod for p in plan.pulls]:
         pod = (pods or {}).get(name)
         memory.asked[name] = pod.weights if pod is not None else None

@@ -216,7 +216,8 @@ def _check_waiting(d: Draft, target: Target, waiting: list[str], pulling: bool) 
             # only a lost write leaves it to the slow schedule.
             contact = last if last is not None else called_at
             if now < contact + tuning.pull_loading_s:
-                d.wake(min(every, contact + tuning.pull_loading_s - now))  # to hear it ring
+                d.plan.doorbell = True
+                d.wake(min(every, contact + tuning.pull_loading_s - now))  # should it ring unheard
                 continue
             due_at = now
         elif rang:

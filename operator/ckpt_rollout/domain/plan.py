@@ -142,6 +142,9 @@ class Plan:
     consumed: list[str] = field(default_factory=list)  # Memory.heard entries now in status
     announced: list[str] = field(default_factory=list)
     wake_after: float | None = None  # None: only a change to the CR or its pods needs a look
+    # A pulled member waits for its pod's WeightsReady condition to change (drive._doorbell):
+    # such a change is worth a look before wake_after.
+    doorbell: bool = False
 
 
 class Draft:

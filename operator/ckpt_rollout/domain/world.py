@@ -144,6 +144,8 @@ class Memory:
     # The pod's WeightsReady condition as it was when its agent was last called or pulled: a
     # change since is the agent's doorbell (Tuning.pull_loading_s).
     asked: dict[str, WeightsSignal | None] = field(default_factory=dict)
+    # The last step left a pulled member to its doorbell: a WeightsReady change is worth a look.
+    doorbell: bool = False
 
     def reset(self) -> None:
         self.call_times.clear()
@@ -157,3 +159,4 @@ class Memory:
         self.troubles.clear()
         self.confirmed.clear()
         self.asked.clear()
+        self.doorbell = False

@@ -5,8 +5,8 @@ machinery (a worker task, a diff base deep copy, handler matching) and holds bac
 handler until the initial list has been through it. With 5000 worker pods that was minutes
 of CPU before the first rollout step, and hundreds of MB. A rollout only needs each pod's
 name, IP and labels (and LeaderWorkerSet's group size), so that is all this keeps, with its
-WeightsReady condition: the doorbell of a pulled wave (ckpt_rollout.domain.drive), which wakes no
-daemon (each load flips it twice, on every pod of a wave).
+WeightsReady condition: the doorbell of a pulled wave (ckpt_rollout.domain.drive), which wakes
+only the daemons that listen for it (each load flips it twice, on every pod of a wave).
 """
 
 import asyncio
@@ -104,6 +104,7 @@ class PodCache:
         self._waiting: dict[str, dict[str, dict[str, Any]]] = {}
         self._synced = {ns: asyncio.Event() for ns in self._namespaces}
         self._subscribers: dict[str, set[asyncio.Event]] = {}  # namespace -> daemons' wake-ups
+        self._listeners: dict[str, set[asyncio.Event]] = {}  # namespace -> doorbells
 
     def get(self, namespace: str) -> list[Pod]:
         return list(self._pods.get(namespace, {}).values())
@@ -118,6 +119,13 @@ class PodCache:
 
     def unsubscribe(self, namespace: str, event: asyncio.Event) -> None:
         self._subscribers.get(namespace, set()).discard(event)
+
+    def listen(self, namespace: str, event: asyncio.Event) -> None:
+        """Set ``event`` whenever only a pod's WeightsReady condition changes in the namespace."""
+        self._listeners.setdefault(namespace, set()).add(event)
+
+    def unlisten(self, namespace: str, event: asyncio.Event) -> None:
+        self._listeners.get(namespace, set()).discard(event)
 
     def _changed(self, namespace: str) -> None:
         for event in self._subscribers.get(namespace, ()):
@@ -135,14 +143,20 @@ class PodCache:
         # Most pod events (conditions, other status) change nothing a rollout reads: only
         # a pod that comes, goes or changes its IP or labels wakes the daemons, or one not
         # running yet whose startup state changes. Its WeightsReady condition is kept, unwoken.
+        rang = False
         if pod is None:
             changed = pods.pop(meta.get("name", ""), None) is not None
         else:
-            changed = _read_by_rollouts(pods.get(pod.name)) != _read_by_rollouts(pod)
+            before = pods.get(pod.name)
+            changed = _read_by_rollouts(before) != _read_by_rollouts(pod)
+            rang = not changed and before is not None and before.weights != pod.weights
             pods[pod.name] = pod
         changed = self._note_waiting(namespace, kind, obj, pod is None) or changed
         if changed:
             self._changed(namespace)
+        elif rang:
+            for event in self._listeners.get(namespace, ()):
+                event.set()
 
     def _note_waiting(self, namespace: str, kind: str, obj: dict[str, Any], not_running: bool) -> bool:
         meta = obj.get("metadata") or {}
