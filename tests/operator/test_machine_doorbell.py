@@ -33,6 +33,11 @@ def called(ago: float, **more: object) -> Memory:
     return Memory(call_times=dict.fromkeys(BIG, NOW.mono - ago), **more)  # type: ignore[arg-type]
 
 
+def row(id_: str, signals: dict[str, WeightsSignal | None], **more: object) -> Case:
+    """A step of a pulled wave still loading, its pods' conditions as ``signals`` say."""
+    return Case(id_, signalled(signals), State.ADVANCE, Phase.PROGRESSING, **more)  # type: ignore[arg-type]
+
+
 def listens(plan: Plan) -> bool:
     """Whether a WeightsReady change is worth a look before the plan's wake-up."""
     return plan.doorbell
@@ -43,72 +48,61 @@ def asked(signal: WeightsSignal | None) -> dict[str, WeightsSignal | None]:
 
 
 CASES = [
-    Case(
+    row(
         "members-whose-condition-says-loading-are-not-pulled-on-the-clock",
-        signalled(dict.fromkeys(BIG, LOADING)),
-        State.ADVANCE,
-        Phase.PROGRESSING,
+        dict.fromkeys(BIG, LOADING),
         wake=EVERY,  # looked at again on the schedule, to hear a doorbell
         memory=called(4, asked=asked(None)),
         observe=listens,
         observed=True,
     ),
-    Case(
-        "a-member-whose-condition-says-the-load-ended-is-pulled-at-once-alone",
-        signalled({**dict.fromkeys(BIG, LOADING), RUNG: LOADED}),
-        State.ADVANCE,
-        Phase.PROGRESSING,
-        pulls=[RUNG],
-        wake=EVERY,
-        memory=called(4, asked=asked(None)),
-        observe=listens,
-        observed=True,
+    *(
+        row(
+            f"a-member-whose-condition-says-the-load-ended-is-pulled-at-once-alone-{when}",
+            {**dict.fromkeys(BIG, LOADING), RUNG: LOADED},
+            pulls=[RUNG],
+            wake=EVERY,
+            memory=memory,
+            observe=listens,
+            observed=True,  # the others load on
+        )
+        for when, memory in (
+            ("after-its-call", called(4, asked=asked(None))),
+            # Its schedule says in 1.9 s; the others, pulled as it, say Loading still.
+            (
+                "before-its-schedule",
+                called(4, asked=asked(LOADING), last_pull=dict.fromkeys(BIG, NOW.mono - 0.1)),
+            ),
+        )
     ),
-    Case(
-        "a-rung-member-is-pulled-before-its-schedule-says",
-        signalled({**dict.fromkeys(BIG, LOADING), RUNG: LOADED}),
-        State.ADVANCE,
-        Phase.PROGRESSING,
-        pulls=[RUNG],
-        wake=EVERY,
-        memory=called(4, asked=asked(LOADING), last_pull=dict.fromkeys(BIG, NOW.mono - 0.1)),
-    ),
-    Case(
+    row(
         "a-member-loading-for-pull-loading-s-is-pulled-all-the-same",
-        signalled(dict.fromkeys(BIG, LOADING)),
-        State.ADVANCE,
-        Phase.PROGRESSING,
+        dict.fromkeys(BIG, LOADING),
         pulls=BIG,  # should the write that rings have been lost
         wake=TUNING.pull_every_s,
         memory=called(TUNING.pull_loading_s + 1, asked=asked(None)),
         observe=listens,
         observed=False,
     ),
-    Case(
+    row(
         "the-slow-schedule-runs-from-the-last-pull",
-        signalled(dict.fromkeys(BIG, LOADING)),
-        State.ADVANCE,
-        Phase.PROGRESSING,
+        dict.fromkeys(BIG, LOADING),
         wake=TUNING.pull_every_s,
         memory=called(
             TUNING.pull_loading_s + 1, asked=asked(None), last_pull=dict.fromkeys(BIG, NOW.mono - 5)
         ),
     ),
-    Case(
+    row(
         "an-unchanged-condition-leaves-the-pull-schedule",
-        signalled(dict.fromkeys(BIG, STALE)),  # an agent that does not write it
-        State.ADVANCE,
-        Phase.PROGRESSING,
+        dict.fromkeys(BIG, STALE),  # an agent that does not write it
         wake=0.5,  # called 4 s ago: every 2 s, and the last pull was 1.5 s ago
         memory=called(4, asked=asked(STALE), last_pull=dict.fromkeys(BIG, NOW.mono - 1.5)),
         observe=listens,
         observed=False,
     ),
-    Case(
+    row(
         "unasked-members-after-a-restart-are-pulled-at-once",
-        signalled(dict.fromkeys(BIG, LOADING)),
-        State.ADVANCE,
-        Phase.PROGRESSING,
+        dict.fromkeys(BIG, LOADING),
         pulls=BIG,  # whether they saw the call is unknown
         wake=TUNING.pull_first_s,
         observe=listens,
