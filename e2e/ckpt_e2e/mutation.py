@@ -61,6 +61,7 @@ TESTS = (
     "tests/operator/machine_kit.py",
     "tests/operator/test_machine_start.py",
     "tests/operator/test_machine_waves.py",
+    "tests/operator/test_machine_doorbell.py",
     "tests/operator/test_machine_pause.py",
     "tests/operator/test_machine_failures.py",
     "tests/operator/test_machine_rollback.py",

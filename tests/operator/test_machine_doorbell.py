@@ -85,6 +85,14 @@ CASES = [
         observed=False,
     ),
     row(
+        "a-loading-member-is-looked-at-again-when-its-slow-schedule-is-due",
+        dict.fromkeys(BIG, LOADING),
+        wake=1.0,  # called 29 s ago: pulled every 3 s, but in 1 s all the same
+        memory=called(TUNING.pull_loading_s - 1, asked=asked(None)),
+        observe=listens,
+        observed=True,
+    ),
+    row(
         "the-slow-schedule-runs-from-the-last-pull",
         dict.fromkeys(BIG, LOADING),
         wake=TUNING.pull_every_s,
