@@ -2,16 +2,16 @@
 with the agent's own wire models (ckpt_api.agent_api)."""
 
 import asyncio
+import json
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 from pydantic import ValidationError
 
 from ckpt_api.agent_api import AgentStatus, CancelLoadRequest, ErrorBody, UpdateWeightsRequest
 from ckpt_api.tls import ReloadingContext, agent_server_name
 from ckpt_rollout.domain.troubles import NoAnswer, Trouble, answer_trouble
-from ckpt_rollout.domain.world import agent_url
+from ckpt_rollout.io.agent_http import AgentHttp, AnswerLost, CertificateFailed, ConnectFailed, Endpoint
 from ckpt_rollout.io.agent_tokens import AgentTokens, AgentTokenUnavailable
 
 
@@ -75,87 +75,82 @@ class AgentClient:
         plain http (--agent-plain-http)."""
         self._ca = ca
         self._tokens = tokens
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._timeout_s = timeout_s
         self._attempts = connect_attempts
-        self._max_connections = max_connections
-        self._session: aiohttp.ClientSession | None = None
+        self._http = AgentHttp(max_connections)
 
     async def _headers(self, namespace: str, pod: str) -> dict[str, str]:
         # The credential of this pod's agent alone: no other agent accepts it.
         token = await self._tokens.for_agent(namespace, pod)
-        return {"Authorization": f"Bearer {token}"} if token else {}
-
-    async def _ensure(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self._max_connections)
-            self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
-        return self._session
+        headers = {"Accept": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        self._http.close()
 
     async def _call(
-        self, method: str, url: str, payload: dict[str, Any] | None, namespace: str, pod: str
+        self,
+        method: str,
+        ip: str,
+        port: int,
+        path: str,
+        payload: dict[str, Any] | None,
+        namespace: str,
+        pod: str,
     ) -> CallResult:
         try:
             headers = await self._headers(namespace, pod)
         except AgentTokenUnavailable as exc:
             # Nothing was sent: like an agent not listening yet, the step calls again later.
             return CallResult(0, {}, str(exc), connected=False, why_none=NoAnswer.TOKEN)
-        session = await self._ensure()
+        body = None
+        if payload is not None:
+            body = json.dumps(payload, separators=(",", ":")).encode()
+            headers["Content-Type"] = "application/json"
+        endpoint = self._endpoint(ip, port, namespace)
         last_error = ""
         # Only failures to connect are retried (bounded, with backoff): once a request may have
         # reached the agent, its answer or its timeout is final, so no update is sent twice.
         for attempt in range(self._attempts):
             try:
-                async with session.request(
-                    method, url, json=payload, headers=headers, **self._tls_options(namespace)
-                ) as resp:
-                    try:
-                        body = await resp.json(content_type=None)
-                    except (ValueError, aiohttp.ContentTypeError):
-                        body = {"message": (await resp.text())[:500]}
-                    return CallResult(resp.status, body if isinstance(body, dict) else {"body": body})
-            except aiohttp.ClientConnectorCertificateError as exc:
+                answer = await self._http.request(endpoint, method, path, headers, body, self._timeout_s)
+            except CertificateFailed as exc:
                 # No retry: a wrong CA or a certificate for another namespace's name stays so;
                 # the worker fails at once with the reason, not after its timeout.
                 return CallResult(
-                    0,
-                    {},
-                    f"TLS verification of the agent failed: {exc.certificate_error}",
-                    why_none=NoAnswer.TLS,
+                    0, {}, f"TLS verification of the agent failed: {exc.reason}", why_none=NoAnswer.TLS
                 )
-            except aiohttp.ClientConnectorError as exc:
+            except ConnectFailed as exc:
                 last_error = f"cannot connect: {exc}"
-                await asyncio.sleep(0.2 * 2**attempt)
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                return CallResult(0, {}, f"{type(exc).__name__}: {exc}")
+                if attempt + 1 < self._attempts:
+                    await asyncio.sleep(0.2 * 2**attempt)
+            except AnswerLost as exc:
+                return CallResult(0, {}, str(exc))
+            else:
+                return CallResult(answer.status, _json_object(answer.body))
         return CallResult(0, {}, last_error or "unreachable", connected=False)
 
-    def _tls_options(self, namespace: str) -> dict[str, Any]:
+    def _endpoint(self, ip: str, port: int, namespace: str) -> Endpoint:
         if self._ca is None:
-            return {}
+            return Endpoint(ip, port)
         # The pod IP is dialled; the certificate must name the namespace's agents.
-        return {"ssl": self._ca.current(), "server_hostname": agent_server_name(namespace)}
-
-    def _url(self, ip: str, port: int, path: str) -> str:
-        return f"{agent_url(ip, port, tls=self._ca is not None)}{path}"
+        return Endpoint(ip, port, self._ca.current(), agent_server_name(namespace))
 
     async def update_weights(
         self, ip: str, port: int, request: UpdateWeightsRequest, *, namespace: str, pod: str
     ) -> CallResult:
         """``namespace``, ``pod``: whose agent is called (its token is for that agent only)."""
-        url = self._url(ip, port, "/v1/update_weights")
-        return await self._call("POST", url, request.to_wire(), namespace, pod)
+        return await self._call("POST", ip, port, "/v1/update_weights", request.to_wire(), namespace, pod)
 
     async def cancel_load(self, ip: str, port: int, version: str, *, namespace: str, pod: str) -> CallResult:
         """Stop the agent's load of ``version`` (409 when another version loads, 404 when none)."""
-        url = self._url(ip, port, "/v1/cancel_load")
-        return await self._call("POST", url, CancelLoadRequest(version=version).to_wire(), namespace, pod)
+        wire = CancelLoadRequest(version=version).to_wire()
+        return await self._call("POST", ip, port, "/v1/cancel_load", wire, namespace, pod)
 
     async def status(self, ip: str, port: int, *, namespace: str, pod: str) -> CallResult:
-        result = await self._call("GET", self._url(ip, port, "/v1/status"), None, namespace, pod)
+        result = await self._call("GET", ip, port, "/v1/status", None, namespace, pod)
         if result.status != 200:
             return result
         try:
@@ -164,3 +159,12 @@ class AgentClient:
             # Not an answer to go by: the same as no answer (the worker timeout decides).
             return CallResult(0, result.body, f"invalid /v1/status body: {exc}"[:500])
         return CallResult(result.status, result.body, agent_status=parsed)
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    """An answer's JSON object; anything else kept as its text (a proxy's page, a bare value)."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return {"message": raw[:500].decode("utf-8", errors="replace")}
+    return body if isinstance(body, dict) else {"body": body}
