@@ -5,6 +5,7 @@ whose metrics and RSS the bench reads."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import time
@@ -14,14 +15,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import aiohttp
 import yaml
 from kubernetes import client, config
 
+from ckpt_api import process_runtime
 from ckpt_api.agent_api import PREFER_HEADER, RESPOND_ASYNC, AgentStatus, UpdateWeightsRequest
 from ckpt_api.constants import GROUP, PLURAL, VERSION
 from ckpt_api.crd import render_crd
 from ckpt_api.vocabulary import TERMINAL_PHASES, ConditionStatus, KubeConditionType
+from ckpt_rollout.io.agent_http import AgentHttp, Endpoint
 
 from ..cluster import ClusterOptions, LocalCluster
 from ..nullfleet import NullFleet
@@ -209,27 +211,29 @@ class BenchEnv:
         call each at `concurrency` (no rollout reference, so no CR bookkeeping), then poll
         /v1/status until all serve it. The floor any orchestrator's wave has on this machine,
         measured in the same run; the agents' pod-condition patches happen as in a rollout."""
-        return asyncio.run(self._ideal_wave(size, concurrency, version))
+        return process_runtime.run(self._ideal_wave(size, concurrency, version))
 
     async def _ideal_wave(self, size: int, concurrency: int, version: str) -> float:
         ips = sorted(p.ip for p in self.fleet.pods())[:size]
         sem = asyncio.Semaphore(concurrency)
         auth = {"Authorization": f"Bearer {self.token}"}
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256)) as session:
+        # The operator's own HTTP to agents: the floor is then what orchestration adds.
+        http = AgentHttp(max_connections=256)
+        # Asynchronous, as the operator's calls: 202 at once, then the polls below.
+        call_headers = {**auth, PREFER_HEADER: RESPOND_ASYNC, "Content-Type": "application/json"}
+        body = json.dumps(UpdateWeightsRequest(version=version).to_wire()).encode()
 
-            async def call(ip: str) -> None:
-                # Asynchronous, as the operator's calls: 202 at once, then the polls below.
-                headers = {**auth, PREFER_HEADER: RESPOND_ASYNC}
-                url = f"http://{ip}:{AGENT_PORT}/v1/update_weights"
-                body = UpdateWeightsRequest(version=version).to_wire()
-                async with sem, session.post(url, json=body, headers=headers) as r:
-                    await r.read()
+        async def call(ip: str) -> None:
+            async with sem:
+                where = Endpoint(ip, AGENT_PORT)
+                await http.request(where, "POST", "/v1/update_weights", call_headers, body, 30)
 
-            async def serves(ip: str) -> bool:
-                url = f"http://{ip}:{AGENT_PORT}/v1/status"
-                async with sem, session.get(url, headers=auth) as r:
-                    return AgentStatus.model_validate(await r.json()).version == version
+        async def serves(ip: str) -> bool:
+            async with sem:
+                answer = await http.request(Endpoint(ip, AGENT_PORT), "GET", "/v1/status", auth, None, 30)
+            return AgentStatus.model_validate_json(answer.body).version == version
 
+        try:
             started = time.monotonic()
             await asyncio.gather(*(call(ip) for ip in ips))
             pending = ips
@@ -239,6 +243,8 @@ class BenchEnv:
                 if pending:
                     await asyncio.sleep(0.05)
             return time.monotonic() - started
+        finally:
+            http.close()
 
 
 def _cpu_seconds(pid: int) -> float:
