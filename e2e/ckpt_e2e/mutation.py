@@ -48,6 +48,8 @@ MUTATED = (
     "ckpt_rollout/domain/plan.py",
     "ckpt_rollout/domain/freshness.py",
     "ckpt_rollout/domain/analysis.py",
+    # Pure too: how the operator reads an agent's answer (a misread framing is a lost outcome).
+    "ckpt_rollout/io/http_wire.py",
 )
 PACKAGES = {
     "ckpt_rollout": ROOT / "operator" / "ckpt_rollout",
@@ -78,6 +80,7 @@ TESTS = (
     "tests/operator/test_pulled_waves.py",
     "tests/operator/test_status_writes.py",
     "tests/operator/test_executor.py",
+    "tests/operator/test_http_wire.py",
 )
 
 

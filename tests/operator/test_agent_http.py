@@ -6,13 +6,17 @@ under it."""
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import pytest
 
+from ckpt_api.tls import ReloadingContext
 from ckpt_rollout.io import agent_http
+from ckpt_rollout.io.agent_client import AgentClient
 from ckpt_rollout.io.agent_http import AgentHttp, AnswerLost, ConnectFailed, Endpoint
+from ckpt_rollout.io.agent_tokens import NoToken
 from ckpt_rollout.io.http_wire import Answer
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
@@ -148,3 +152,23 @@ async def test_nobody_listening_is_a_failed_connect(http: AgentHttp) -> None:
     await server.wait_closed()
     with pytest.raises(ConnectFailed):
         await http.request(Endpoint("127.0.0.1", state.port), "POST", "/v1/update_weights", {}, b"{}", 5)
+
+
+async def test_a_handshake_that_never_ends_is_a_connect_that_ran_out_of_time(http: AgentHttp) -> None:
+    server, state = await _serve(lambda n, _: OK)  # speaks no TLS: the handshake hangs
+    async with server:
+        where = Endpoint("127.0.0.1", state.port, ssl.create_default_context(), "agents.example")
+        with pytest.raises(ConnectFailed) as failed:
+            await http.request(where, "GET", "/v1/status", {}, None, 0.3)
+    assert failed.value.timed_out
+
+
+async def test_a_client_is_not_held_for_a_second_timeout_by_a_connect_that_ran_out() -> None:
+    server, state = await _serve(lambda n, _: OK)
+    tls = ReloadingContext((), ssl.create_default_context)
+    client = AgentClient(NoToken(), timeout_s=0.3, connect_attempts=3, ca=tls)
+    async with server:
+        result = await client.status("127.0.0.1", state.port, namespace="team-a", pod="w-0")
+    await client.close()
+    assert (result.status, result.connected, state.connections) == (0, False, 1)
+    assert "no connection in time" in result.error

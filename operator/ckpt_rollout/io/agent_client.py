@@ -124,6 +124,8 @@ class AgentClient:
                 )
             except ConnectFailed as exc:
                 last_error = f"cannot connect: {exc}"
+                if exc.timed_out:
+                    break  # the step is not held for another timeout: the next step calls again
                 if attempt + 1 < self._attempts:
                     await asyncio.sleep(0.2 * 2**attempt)
             except AnswerLost as exc:

@@ -27,7 +27,12 @@ MAX_IDLE = 8192
 
 
 class ConnectFailed(Exception):
-    """No connection: the request was never sent."""
+    """No connection: the request was never sent. ``timed_out``: the whole deadline went on
+    trying (a pod IP that drops packets), so trying again at once would only wait as long."""
+
+    def __init__(self, reason: str, *, timed_out: bool = False) -> None:
+        super().__init__(reason)
+        self.timed_out = timed_out
 
 
 class CertificateFailed(Exception):
@@ -182,7 +187,7 @@ class AgentHttp:
         except ssl.SSLCertVerificationError as exc:
             raise CertificateFailed(str(exc)) from None
         except TimeoutError:
-            raise ConnectFailed("TimeoutError: no connection in time") from None
+            raise ConnectFailed("TimeoutError: no connection in time", timed_out=True) from None
         except ssl.SSLError as exc:
             # Connected, and the handshake failed otherwise: no request went out.
             raise ConnectFailed(f"TLS handshake failed: {exc}") from None
