@@ -9,6 +9,7 @@ import asyncio
 import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from types import EllipsisType
 
 import pytest
 
@@ -23,7 +24,7 @@ OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
 
 # What the server does with the n-th request (1-based) on a connection: the bytes it answers,
 # or None to close the connection without a word, or ... to say nothing and keep it open.
-Script = Callable[[int, bytes], "bytes | type[Ellipsis] | None"]
+Script = Callable[[int, bytes], "bytes | EllipsisType | None"]
 
 
 @dataclass
