@@ -128,7 +128,11 @@ def test_chunks_past_the_body_bound_are_refused() -> None:
         reader.feed(chunk)
 
 
-@pytest.mark.parametrize("cut", [b"HTTP/1.1 200", b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n{}"])
+@pytest.mark.parametrize(
+    "cut",
+    [b"HTTP/1.1 200", b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n{}"],
+    ids=["in the head", "in the body"],
+)
 def test_a_close_mid_answer_is_no_answer(cut: bytes) -> None:
     reader = AnswerReader()
     reader.feed(cut)
