@@ -52,6 +52,7 @@ READS = {
         Answer(200, b"{}", keep_alive=True),
     ),
     "204 has no body": (b"HTTP/1.1 204 No Content\r\n\r\n", Answer(204, b"", keep_alive=True)),
+    "304 has no body": (b"HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\n", Answer(304, b"", True)),
 }
 
 
@@ -102,6 +103,10 @@ REFUSED = {
     ),
     "a chunk size that is no number": (
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        "no hex number",
+    ),
+    "an empty chunk size line": (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\r\n",
         "no hex number",
     ),
     "a chunk without its CRLF": (
