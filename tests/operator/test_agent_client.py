@@ -87,6 +87,31 @@ async def test_update_request_goes_out_as_the_agent_parses_it(
     assert UpdateWeightsRequest.model_validate(received[0]) == request
 
 
+async def test_each_request_goes_out_as_itself_when_calls_alternate(
+    agent: tuple[list[Any], Callable[[str, Handler], None], int], client: AgentClient
+) -> None:
+    # A wave's calls share one request object, encoded once; a relayed call's differs.
+    received, route, port = agent
+    route("/v1/update_weights", _reply({"accepted": True, "version": "v2"}, 202))
+    shared = UpdateWeightsRequest(version="v2", source=SourceRef(uri="http://src:8000"))
+    relayed = shared.model_copy(
+        update={"source": SourceRef(uri="http://src:8000", peer="http://10.0.0.9:8200")}
+    )
+    equal_copy = UpdateWeightsRequest(version="v2", source=SourceRef(uri="http://src:8000"))
+    for request in (shared, shared, relayed, shared, equal_copy):
+        await client.update_weights("127.0.0.1", port, request, namespace="rl", pod="w-0")
+
+    assert [UpdateWeightsRequest.model_validate(body) for body in received] == [
+        shared,
+        shared,
+        relayed,
+        shared,
+        equal_copy,
+    ]
+    assert received[2]["source"]["peer"] == "http://10.0.0.9:8200"
+    assert "peer" not in received[3]["source"]
+
+
 async def test_status_comes_back_parsed(
     agent: tuple[list[Any], Callable[[str, Handler], None], int], client: AgentClient
 ) -> None:

@@ -13,6 +13,7 @@ from ckpt_api.tls import ReloadingContext, agent_server_name
 from ckpt_rollout.domain.troubles import NoAnswer, Trouble, answer_trouble
 from ckpt_rollout.io.agent_http import AgentHttp, AnswerLost, CertificateFailed, ConnectFailed, Endpoint
 from ckpt_rollout.io.agent_tokens import AgentTokens, AgentTokenUnavailable
+from ckpt_rollout.io.http_wire import Answer
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,7 @@ class CallResult:
     """Outcome of one HTTP call. ``status`` 0 means the agent could not be reached."""
 
     status: int
+    # The answer's JSON object (`status()`: empty once read into ``agent_status``).
     body: dict[str, Any]
     error: str = ""
     # False when no connection could be made: the request surely never reached the agent
@@ -55,6 +57,8 @@ class CallResult:
 
     def error_body(self) -> ErrorBody | None:
         """The agent's error body, if the answer is one (a proxy's or a non-agent's is not)."""
+        if self.status < 400 or "error" not in self.body:
+            return None  # not one: spares a refused validation on every accepted call
         try:
             return ErrorBody.model_validate(self.body)
         except ValidationError:
@@ -78,6 +82,9 @@ class AgentClient:
         self._timeout_s = timeout_s
         self._attempts = connect_attempts
         self._http = AgentHttp(max_connections)
+        # A wave's calls share one request (only relayed calls differ): encoded once.
+        self._last_request: UpdateWeightsRequest | None = None
+        self._last_body = b""
 
     async def _headers(self, namespace: str, pod: str) -> dict[str, str]:
         # The credential of this pod's agent alone: no other agent accepts it.
@@ -91,23 +98,23 @@ class AgentClient:
         self._http.close()
 
     async def _call(
-        self,
-        method: str,
-        ip: str,
-        port: int,
-        path: str,
-        payload: dict[str, Any] | None,
-        namespace: str,
-        pod: str,
+        self, method: str, ip: str, port: int, path: str, body: bytes | None, namespace: str, pod: str
     ) -> CallResult:
+        answered = await self._ask(method, ip, port, path, body, namespace, pod)
+        if isinstance(answered, CallResult):
+            return answered
+        return CallResult(answered.status, _json_object(answered.body))
+
+    async def _ask(
+        self, method: str, ip: str, port: int, path: str, body: bytes | None, namespace: str, pod: str
+    ) -> Answer | CallResult:
+        """The agent's answer, or the CallResult that says why there is none. ``body``: JSON."""
         try:
             headers = await self._headers(namespace, pod)
         except AgentTokenUnavailable as exc:
             # Nothing was sent: like an agent not listening yet, the step calls again later.
             return CallResult(0, {}, str(exc), connected=False, why_none=NoAnswer.TOKEN)
-        body = None
-        if payload is not None:
-            body = json.dumps(payload, separators=(",", ":")).encode()
+        if body is not None:
             headers["Content-Type"] = "application/json"
         endpoint = self._endpoint(ip, port, namespace)
         last_error = ""
@@ -131,7 +138,7 @@ class AgentClient:
             except AnswerLost as exc:
                 return CallResult(0, {}, str(exc))
             else:
-                return CallResult(answer.status, _json_object(answer.body))
+                return answer
         return CallResult(0, {}, last_error or "unreachable", connected=False)
 
     def _endpoint(self, ip: str, port: int, namespace: str) -> Endpoint:
@@ -144,23 +151,32 @@ class AgentClient:
         self, ip: str, port: int, request: UpdateWeightsRequest, *, namespace: str, pod: str
     ) -> CallResult:
         """``namespace``, ``pod``: whose agent is called (its token is for that agent only)."""
-        return await self._call("POST", ip, port, "/v1/update_weights", request.to_wire(), namespace, pod)
+        if request is not self._last_request:
+            self._last_body, self._last_request = _json_bytes(request.to_wire()), request
+        return await self._call("POST", ip, port, "/v1/update_weights", self._last_body, namespace, pod)
 
     async def cancel_load(self, ip: str, port: int, version: str, *, namespace: str, pod: str) -> CallResult:
         """Stop the agent's load of ``version`` (409 when another version loads, 404 when none)."""
-        wire = CancelLoadRequest(version=version).to_wire()
+        wire = _json_bytes(CancelLoadRequest(version=version).to_wire())
         return await self._call("POST", ip, port, "/v1/cancel_load", wire, namespace, pod)
 
     async def status(self, ip: str, port: int, *, namespace: str, pod: str) -> CallResult:
-        result = await self._call("GET", ip, port, "/v1/status", None, namespace, pod)
-        if result.status != 200:
-            return result
+        answered = await self._ask("GET", ip, port, "/v1/status", None, namespace, pod)
+        if isinstance(answered, CallResult):
+            return answered
+        if answered.status != 200:
+            return CallResult(answered.status, _json_object(answered.body))
         try:
-            parsed = AgentStatus.model_validate(result.body)
+            # Straight from the bytes: a pull per worker per wave, and this is half its reading.
+            parsed = AgentStatus.model_validate_json(answered.body)
         except ValidationError as exc:
             # Not an answer to go by: the same as no answer (the worker timeout decides).
-            return CallResult(0, result.body, f"invalid /v1/status body: {exc}"[:500])
-        return CallResult(result.status, result.body, agent_status=parsed)
+            return CallResult(0, _json_object(answered.body), f"invalid /v1/status body: {exc}"[:500])
+        return CallResult(200, {}, agent_status=parsed)
+
+
+def _json_bytes(payload: dict[str, Any]) -> bytes:
+    return json.dumps(payload, separators=(",", ":")).encode()
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:

@@ -102,16 +102,26 @@ class _Connection(asyncio.Protocol):
         assert self.reader.answer is not None
         self.done.set_result(self.reader.answer)
 
-    async def exchange(self, request: bytes, method: str) -> Answer:
+    async def exchange(self, request: bytes, method: str, deadline: float) -> Answer:
+        """Raises AnswerLost, also when no whole answer is in by ``deadline`` (loop time)."""
         assert self.transport is not None
+        loop = asyncio.get_running_loop()
         self.reader = AnswerReader(method)
-        self.done = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[Answer] = loop.create_future()
+        self.done = done
+        # A bare timer, not asyncio.timeout: two exchanges a worker, and its bookkeeping showed.
+        timer = loop.call_at(deadline, self._expire, done)
         self.transport.write(request)
         try:
-            return await self.done
+            return await done
         finally:
+            timer.cancel()
             self.reader = None
             self.done = None
+
+    def _expire(self, done: asyncio.Future[Answer]) -> None:
+        if not done.done():
+            done.set_exception(AnswerLost("TimeoutError: no answer in time"))
 
     @property
     def reusable(self) -> bool:
@@ -159,11 +169,7 @@ class AgentHttp:
         self, endpoint: Endpoint, connection: _Connection, wire: bytes, method: str, deadline: float
     ) -> Answer:
         try:
-            async with asyncio.timeout_at(deadline):
-                answer = await connection.exchange(wire, method)
-        except TimeoutError:
-            connection.close()
-            raise AnswerLost("TimeoutError: no answer in time") from None
+            answer = await connection.exchange(wire, method, deadline)
         except AnswerLost:
             connection.close()
             raise
