@@ -87,7 +87,7 @@ async def test_reads_land_through_a_bounce_buffer_in_memory_never_registered(
 
     from ckpt_agent.transport.mooncake import client
 
-    monkeypatch.setattr(client, "_BOUNCE_BYTES", bounce_bytes)
+    monkeypatch.setattr(client, "BOUNCE_BYTES", bounce_bytes)
     transport = MooncakeTransport(await mooncake_source(tree.root))
     doc = tree.manifest("v2")
     shard = sorted(doc["files"])[0]

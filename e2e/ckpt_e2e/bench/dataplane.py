@@ -262,11 +262,13 @@ def measure_load(
     uri: str, target: DiscardTarget, nbytes: int, *, chunk: int, repeat: int
 ) -> tuple[float, float, float, int]:
     """Best GB/s of a streamed load without verification, with it, and with it and the finite
-    check; and the peak extra RSS.
+    check; and the peak extra RSS of one load.
 
     The variants alternate run by run, so a noisy stretch (shared CPUs) hits all alike instead
-    of biasing the cost of verifying or checking."""
+    of biasing the cost of verifying or checking. A first load, neither timed nor sampled, sets
+    up what a process pays for once (the Mooncake engine's own buffers: ~28 MiB here)."""
     loader = InProcessLoader(target, apply_mode="streamed", chunk_bytes=chunk)
+    asyncio.run(loader.load(LoadJob(VERSION, False, uri, None, None), PauseGate(_NoEngine()), LoadProgress()))
     best = dict.fromkeys(_LOAD_VARIANTS, float("inf"))
     peak = 0
     for _ in range(repeat):
@@ -348,15 +350,14 @@ def run_dataplane(
         manifest = parse_manifest((root / VERSION / MANIFEST_NAME).read_bytes())
         target = DiscardTarget({t.name: t for t in manifest.tensors})
         nbytes = manifest.tensor_bytes
-        peak = 0
+        peaks: dict[str, int] = {}
 
         def measure(name: str, uri: str) -> None:
-            nonlocal peak
             log(f"loading over {name} ...")
             plain, verified, checked, extra = measure_load(uri, target, nbytes, chunk=chunk, repeat=repeat)
             results[f"{name}_gbps"], results[f"{name}_verify_gbps"] = plain, verified
             results[f"{name}_verify_finite_gbps"] = checked
-            peak = max(peak, extra)
+            peaks[name] = extra
 
         measure("file", f"file://{root}")
         with source_server(root) as url:
@@ -369,11 +370,18 @@ def run_dataplane(
             log(f"skipping mooncake: {exc}")
             results["mooncake_gbps"] = results["mooncake_verify_gbps"] = None
             results["mooncake_verify_finite_gbps"] = None
+            results["mooncake_peak_extra_rss_mb"] = results["mooncake_rss_budget_mb"] = None
         else:
+            from ckpt_agent.transport.mooncake.client import BOUNCE_BYTES
+
             with source_server(root, "--mooncake", "tcp") as url:
                 measure("mooncake", url.replace("http://", "mooncake://"))
+            results["mooncake_peak_extra_rss_mb"] = peaks["mooncake"] / MiB
+            results["mooncake_rss_budget_mb"] = (
+                chunk_mb + manifest.largest_tensor_bytes / MiB + BOUNCE_BYTES / MiB
+            )
         results["largest_tensor_mb"] = manifest.largest_tensor_bytes / MiB
-    results["peak_extra_rss_mb"] = peak / MiB
+    results["peak_extra_rss_mb"] = max(peaks["file"], peaks["http"]) / MiB
     results["rss_budget_mb"] = chunk_mb + results["largest_tensor_mb"]
     results["ratios"] = {
         "http_over_tcp": results["http_gbps"] / results["tcp_gbps"],
@@ -398,7 +406,8 @@ def run_dataplane(
         "mooncake_verify_ge_half_tcp": r.get("mooncake_verify_over_tcp", 0.0) >= 0.5,
         "file_ge_half_memcpy": r["file_over_memcpy"] >= 0.5,
         "verify_cost_le_10pct": max(r["file_verify_cost"], r["http_verify_cost"]) <= 0.10,
-        "rss_within_budget": results["peak_extra_rss_mb"] <= results["rss_budget_mb"],
+        "rss_within_budget": results["peak_extra_rss_mb"] <= results["rss_budget_mb"]
+        and (results["mooncake_peak_extra_rss_mb"] or 0.0) <= (results["mooncake_rss_budget_mb"] or 0.0),
         "publish_ge_0_8_xxh3": r["publish_over_xxh3"] >= 0.8,
         "publish_ge_0_8_digests": r["publish_over_digests"] >= 0.8,
         "finite_cost_le_10pct": max(r["file_finite_cost"], r["http_finite_cost"]) <= 0.10,
@@ -433,8 +442,17 @@ def format_report(r: dict[str, Any]) -> str:
             f"{ratios['file_over_memcpy']:.2f}  (target >= 0.5)",
             f"  [{mark(met['verify_cost_le_10pct'])}] verify cost       "
             f"file {ratios['file_verify_cost']:.1%}, http {ratios['http_verify_cost']:.1%}  (target <= 10%)",
-            f"  [{mark(met['rss_within_budget'])}] peak extra RSS    {r['peak_extra_rss_mb']:.1f} MiB  "
+            f"  [{mark(met['rss_within_budget'])}] peak extra RSS    "
+            f"file/http {r['peak_extra_rss_mb']:.1f} MiB  "
             f"(budget: chunk + largest tensor = {r['rss_budget_mb']:.1f} MiB)",
+            *(
+                [
+                    f"                           mooncake  {r['mooncake_peak_extra_rss_mb']:.1f} MiB  "
+                    f"(budget: that + its bounce buffer = {r['mooncake_rss_budget_mb']:.1f} MiB)"
+                ]
+                if r["mooncake_peak_extra_rss_mb"] is not None
+                else []
+            ),
             f"  publish --link    {r['publish_gbps']:7.2f} GB/s   (--digest sha256, format 2: "
             f"{r['publish_sha256_gbps']:.2f} GB/s)",
             f"  [{mark(met['publish_ge_0_8_xxh3'])}] publish / xxh3    "

@@ -50,7 +50,7 @@ from ckpt_api.source_policy import SourcePolicy, SourceRefused
 
 DESCRIPTOR_PATH = "/v1/mooncake"
 # Two halves of 16 MiB: two of the engine's 8 MiB slices (MC_TCP_SLICE_SIZE) in flight at once.
-_BOUNCE_BYTES = 32 << 20
+BOUNCE_BYTES = 32 << 20
 # Per-shard extents of a relayed version make the descriptor larger than the manifest.
 _DESCRIPTOR_SLACK = 2
 
@@ -201,10 +201,10 @@ class _Bounce:
     is copied out into the caller's (unregistered) buffer and hashed there."""
 
     def __init__(self, engine: runtime.MooncakeEngine, transfer: Callable[[int, int, int, memoryview], None]):
-        self.half = _BOUNCE_BYTES // 2
+        self.half = BOUNCE_BYTES // 2
         self._engine = engine
         self._transfer = transfer
-        self._array = np.empty(_BOUNCE_BYTES, dtype=np.uint8)
+        self._array = np.empty(BOUNCE_BYTES, dtype=np.uint8)
         self._addr = int(self._array.ctypes.data)
         engine.register(self._addr, self._array.nbytes)
 
