@@ -100,10 +100,7 @@ class AgentClient:
     async def _call(
         self, method: str, ip: str, port: int, path: str, body: bytes | None, namespace: str, pod: str
     ) -> CallResult:
-        answered = await self._ask(method, ip, port, path, body, namespace, pod)
-        if isinstance(answered, CallResult):
-            return answered
-        return CallResult(answered.status, _json_object(answered.body))
+        return _result(await self._ask(method, ip, port, path, body, namespace, pod))
 
     async def _ask(
         self, method: str, ip: str, port: int, path: str, body: bytes | None, namespace: str, pod: str
@@ -162,10 +159,8 @@ class AgentClient:
 
     async def status(self, ip: str, port: int, *, namespace: str, pod: str) -> CallResult:
         answered = await self._ask("GET", ip, port, "/v1/status", None, namespace, pod)
-        if isinstance(answered, CallResult):
-            return answered
-        if answered.status != 200:
-            return CallResult(answered.status, _json_object(answered.body))
+        if isinstance(answered, CallResult) or answered.status != 200:
+            return _result(answered)
         try:
             # Straight from the bytes: a pull per worker per wave, and this is half its reading.
             parsed = AgentStatus.model_validate_json(answered.body)
@@ -173,6 +168,12 @@ class AgentClient:
             # Not an answer to go by: the same as no answer (the worker timeout decides).
             return CallResult(0, _json_object(answered.body), f"invalid /v1/status body: {exc}"[:500])
         return CallResult(200, {}, agent_status=parsed)
+
+
+def _result(answered: Answer | CallResult) -> CallResult:
+    if isinstance(answered, CallResult):
+        return answered
+    return CallResult(answered.status, _json_object(answered.body))
 
 
 def _json_bytes(payload: dict[str, Any]) -> bytes:
